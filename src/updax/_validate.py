@@ -1,0 +1,101 @@
+"""Build-time checks of hyperparameters.
+
+Every message names the call, the option and the value, e.g.
+``scale_by_adam(b1=1.5): b1 must be in [0, 1)``. Values that are JAX tracers
+(an update object built inside ``jax.jit``) cannot be inspected and pass.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _fail(call, name, value, what, exc=ValueError):
+    raise exc(f"{call}({name}={value!r}): {name} {what}")
+
+
+def _interval(lo, hi, lo_open, hi_open):
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    lo = "-inf" if lo is None else f"{lo:g}"
+    hi = "inf" if hi is None else f"{hi:g}"
+    return f"{left}{lo}, {hi}{right}"
+
+
+def real(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """A real scalar hyperparameter in an interval; Python ints become floats.
+
+    JAX/NumPy scalars are kept as given (they may carry a chosen dtype).
+    """
+    if isinstance(value, bool) or value is None:
+        _fail(call, name, value, "must be a real number", TypeError)
+    if isinstance(value, numbers.Real):
+        concrete = float(value)
+        value = concrete if isinstance(value, int) else value
+    elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        if jnp.ndim(value) != 0 or not jnp.issubdtype(jnp.result_type(value), jnp.number):
+            _fail(call, name, value, "must be a real scalar", TypeError)
+        if isinstance(value, jax.core.Tracer):
+            return value
+        concrete = float(value)
+    else:
+        _fail(call, name, value, "must be a real number", TypeError)
+    bad = math.isnan(concrete)
+    if lo is not None:
+        bad |= concrete <= lo if lo_open else concrete < lo
+    if hi is not None:
+        bad |= concrete >= hi if hi_open else concrete > hi
+    if bad:
+        _fail(call, name, value, f"must be in {_interval(lo, hi, lo_open, hi_open)}")
+    return value
+
+
+def unit(call, name, value):
+    """A decay rate in [0, 1)."""
+    return real(call, name, value, 0.0, 1.0, hi_open=True)
+
+
+def nonnegative(call, name, value):
+    return real(call, name, value, 0.0)
+
+
+def positive(call, name, value):
+    return real(call, name, value, 0.0, lo_open=True)
+
+
+def positive_int(call, name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(call, name, value, "must be a positive integer", TypeError)
+    if value < 1:
+        _fail(call, name, value, "must be a positive integer")
+    return int(value)
+
+
+def flag(call, name, value):
+    if not isinstance(value, bool):
+        _fail(call, name, value, "must be True or False", TypeError)
+    return value
+
+
+def function(call, name, value):
+    if not callable(value):
+        _fail(call, name, value, "must be callable", TypeError)
+    return value
+
+
+def float_dtype(call, name, value):
+    """None (the default: at least float32) or a floating dtype, kept as its name."""
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        _fail(call, name, value, "must be None or a floating dtype", TypeError)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        _fail(call, name, value, "must be None or a floating dtype", TypeError)
+    return dtype.name

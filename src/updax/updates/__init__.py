@@ -1,0 +1,53 @@
+"""The Axon.Updates catalogue: combinators that build update objects.
+
+Every entry is built on the primitives :func:`updax.stateless` and
+:func:`updax.stateful`, takes Axon's option names and defaults, accepts an
+optional leading parent (``scale(parent, 0.1)``) and is also a fluent method
+of every update object (``parent.scale(0.1)``).
+"""
+
+from updax._core import apply_updates, combinator, compose, identity, stateful, stateless
+from updax.updates._accumulation import accumulate_gradients, trace
+from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
+from updax.updates._noise_decay import add_decayed_weights, add_noise
+from updax.updates._scaling import (
+    scale,
+    scale_by_adam,
+    scale_by_belief,
+    scale_by_radam,
+    scale_by_rms,
+    scale_by_rss,
+    scale_by_schedule,
+    scale_by_state,
+    scale_by_stddev,
+    scale_by_trust_ratio,
+    scale_by_yogi,
+)
+
+__all__ = [
+    "accumulate_gradients",
+    "add_decayed_weights",
+    "add_noise",
+    "apply_updates",
+    "centralize",
+    "clip",
+    "clip_by_global_norm",
+    "combinator",
+    "compose",
+    "global_norm",
+    "identity",
+    "scale",
+    "scale_by_adam",
+    "scale_by_belief",
+    "scale_by_radam",
+    "scale_by_rms",
+    "scale_by_rss",
+    "scale_by_schedule",
+    "scale_by_state",
+    "scale_by_stddev",
+    "scale_by_trust_ratio",
+    "scale_by_yogi",
+    "stateful",
+    "stateless",
+    "trace",
+]

@@ -1,0 +1,136 @@
+"""Weight decay and gradient noise."""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from updax import _tree
+from updax import _validate as check
+from updax._core import combinator, stateful, stateless
+
+
+def _apply_add_decayed_weights(updates, params, *, decay):
+    def leaf(g, p):
+        c = _tree.compute_dtype(g.dtype, p.dtype)
+        return (g.astype(c) + decay * p.astype(c)).astype(g.dtype)
+
+    return _tree.tree_map("add_decayed_weights", leaf, updates, params, names=("updates", "params"))
+
+
+@combinator
+def add_decayed_weights(decay=0.0):
+    """Adds ``decay`` times the parameters to the updates (decoupled weight decay).
+
+    Update rule: ``u ← u + decay·p``.
+
+    Args:
+        decay: the weight-decay rate, any real number. Default: ``0.0``.
+
+    Returns:
+        A stateless update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.add_decayed_weights(decay=0.1)
+        >>> params = {"w": jnp.array([2.0])}
+        >>> opt.update({"w": jnp.array([1.0])}, opt.init(params), params)[0]["w"]
+        Array([1.2], dtype=float32)
+
+    References:
+        Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
+        2019. https://arxiv.org/abs/1711.05101
+    """
+    decay = check.real("add_decayed_weights", "decay", decay)
+    return stateless(_apply_add_decayed_weights, name="add_decayed_weights", options=dict(decay=decay),
+                     needs_params=True)
+
+
+class AddNoiseState(NamedTuple):
+    """Steps taken and the raw PRNG key data for the next draw."""
+
+    count: jax.Array
+    key: jax.Array
+
+
+def _key_data(key):
+    if isinstance(key, numbers.Integral) or (jnp.ndim(key) == 0 and jnp.issubdtype(jnp.result_type(key), jnp.integer)):
+        return jax.random.key_data(jax.random.key(key))
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return jnp.asarray(key, jnp.uint32)
+
+
+def _init_add_noise(params, *, key):
+    return AddNoiseState(count=_tree.zero_count(), key=_key_data(key))
+
+
+def _apply_add_noise(updates, state, params, *, eta, gamma):
+    count = _tree.safe_increment(state.count)
+    std = jnp.sqrt(eta / count.astype(jnp.float32) ** gamma)
+    leaves, treedef = jax.tree.flatten(updates)
+    keys = jax.random.split(jax.random.wrap_key_data(state.key), len(leaves) + 1)
+
+    def leaf(g, key):
+        c = _tree.compute_dtype(g.dtype)
+        return (g.astype(c) + std * jax.random.normal(key, g.shape, c)).astype(g.dtype)
+
+    noisy = treedef.unflatten([leaf(g, k) for g, k in zip(leaves, keys[1:])])
+    return noisy, AddNoiseState(count=count, key=jax.random.key_data(keys[0]))
+
+
+def _check_key(call, key):
+    if isinstance(key, bool):
+        raise TypeError(f"{call}(key={key!r}): key must be an int seed or a PRNG key")
+    if isinstance(key, numbers.Integral):
+        return int(key)
+    if isinstance(key, (jax.Array, np.ndarray)):
+        if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
+            return key
+        if key.dtype == jnp.uint32 and key.ndim == 1:
+            return key
+        if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
+            return key
+    raise TypeError(f"{call}(key={key!r}): key must be an int seed or a PRNG key")
+
+
+@combinator
+def add_noise(eta=0.01, gamma=0.55, key=0):
+    """Adds annealed Gaussian noise to the updates.
+
+    Update rule, as in the paper (Polaris uses the variance as the standard
+    deviation and seeds from the clock)::
+
+        u ← u + N(0, σt²),   σt² = eta / (1 + t)^gamma,  t = 0, 1, ...
+
+    Args:
+        eta: the initial variance, >= 0. Default: ``0.01``.
+        gamma: the annealing exponent, >= 0. Default: ``0.55``.
+        key: an int seed or a JAX PRNG key; the same key gives the same noise.
+            Default: ``0``.
+
+    Returns:
+        An update object with state ``AddNoiseState(count, key)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.add_noise(eta=0.5, key=42)
+        >>> g = {"w": jnp.zeros(3)}
+        >>> a, _ = opt.update(g, opt.init(g))
+        >>> b, _ = opt.update(g, opt.init(g))
+        >>> bool((a["w"] == b["w"]).all()), bool((a["w"] != 0).all())
+        (True, True)
+
+    References:
+        Neelakantan et al., "Adding Gradient Noise Improves Learning for Very
+        Deep Networks", 2015. https://arxiv.org/abs/1511.06807
+    """
+    options = dict(eta=check.nonnegative("add_noise", "eta", eta), gamma=check.nonnegative("add_noise", "gamma", gamma),
+                   key=_check_key("add_noise", key))
+    return stateful(_init_add_noise, _apply_add_noise, name="add_noise", options=options)
