@@ -430,13 +430,17 @@ def combinator(factory=None, *, wraps: bool = False, name: str | None = None):
     the parent (``identity()`` when none is given) as its first argument and
     decides how to run it, as :func:`updax.accumulate_gradients` does.
 
+    Kernels are compared by identity, so define them once (at module level),
+    not as a fresh lambda per call, or two equal-looking objects differ.
+
     Example:
         >>> import jax
         >>> import updax as ux
+        >>> def negate(updates, params):
+        ...     return jax.tree.map(lambda g: -g, updates)
         >>> @ux.combinator
         ... def flip_sign():
-        ...     return ux.stateless(lambda updates, params: jax.tree.map(lambda g: -g, updates),
-        ...                         name="flip_sign")
+        ...     return ux.stateless(negate, name="flip_sign")
         >>> ux.scale(2.0).flip_sign() == flip_sign(ux.scale(2.0)) == ux.scale(2.0).pipe(flip_sign)
         True
     """
