@@ -1,0 +1,70 @@
+"""One registry of every catalogue entry: it drives the contract tests.
+
+Each entry builds the combinator with options that exercise it (all numbers
+explicit), and says whether ``update`` needs params. A test checks that the
+registry covers the whole public catalogue, so a new entry cannot skip the
+contract.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import updax as ux
+
+
+def _halving(count):
+    return 0.5 ** (count / 2)
+
+
+ENTRIES = {
+    "scale": lambda: ux.scale(-0.5),
+    "scale_by_adam": lambda: ux.scale_by_adam(b1=0.8, b2=0.95, eps=1e-8, eps_root=1e-15),
+    "scale_by_belief": lambda: ux.scale_by_belief(b1=0.8, b2=0.95, eps=1e-8, eps_root=1e-16),
+    "scale_by_radam": lambda: ux.scale_by_radam(b1=0.8, b2=0.9, eps=1e-8, eps_root=0.0, threshold=5.0),
+    "scale_by_rms": lambda: ux.scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0),
+    "scale_by_rss": lambda: ux.scale_by_rss(initial_accumulator_value=0.1, eps=1e-7),
+    "scale_by_stddev": lambda: ux.scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0),
+    "scale_by_schedule": lambda: ux.scale_by_schedule(_halving),
+    "scale_by_state": lambda: ux.scale_by_state(-0.1),
+    "scale_by_trust_ratio": lambda: ux.scale_by_trust_ratio(min_norm=0.0, trust_coefficient=0.5, eps=1e-6),
+    "scale_by_yogi": lambda: ux.scale_by_yogi(initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3,
+                                              eps_root=0.0),
+    "trace": lambda: ux.trace(decay=0.9, nesterov=False),
+    "trace_nesterov": lambda: ux.trace(decay=0.5, nesterov=True),
+    "clip": lambda: ux.clip(delta=0.5),
+    "clip_by_global_norm": lambda: ux.clip_by_global_norm(max_norm=1.0),
+    "centralize": lambda: ux.centralize(),
+    "add_decayed_weights": lambda: ux.add_decayed_weights(decay=0.1),
+    "add_noise": lambda: ux.add_noise(eta=0.01, gamma=0.55, key=3),
+    "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(2),
+}
+
+#: Entries whose ``update`` needs ``params``.
+NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights"}
+
+#: Public names of ``updax.updates`` that are not catalogue combinators.
+NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm"}
+
+
+def catalogue_names():
+    return sorted(set(ux.updates.__all__) - NOT_COMBINATORS)
+
+
+def nested_tree(dtype=jnp.float32, seed=0):
+    """Dicts, lists, tuples, None leaves, empty subtrees and a scalar."""
+    key = iter(range(seed * 100, seed * 100 + 100))
+
+    def arr(*shape):
+        import numpy as np
+
+        return jnp.asarray(np.random.default_rng(next(key)).normal(size=shape), dtype)
+
+    return {
+        "dense": {"w": arr(3, 4), "b": arr(4)},
+        "layers": [arr(2, 2, 3), (arr(5), None)],
+        "empty": {},
+        "nothing": None,
+        "empty_list": [],
+        "scalar": arr(),
+    }

@@ -1,0 +1,182 @@
+"""The contract every catalogue entry keeps, driven by tests/registry.py."""
+
+from __future__ import annotations
+
+import pickle
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import updax as ux
+from registry import ENTRIES, NEEDS_PARAMS, catalogue_names, nested_tree
+
+NAMES = sorted(ENTRIES)
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+def _tol(dtype):
+    return dict(rtol=2e-2, atol=2e-2) if dtype == jnp.bfloat16 else dict(rtol=1e-5, atol=1e-6)
+
+
+def _run(opt, steps, dtype, jit):
+    """Runs ``steps`` updates on nested trees; returns the list of updates and the final state."""
+    params = nested_tree(dtype, seed=0)
+    state = opt.init(params)
+
+    def step(opt, grads, state, params):
+        return opt.update(grads, state, params)
+
+    step = jax.jit(step) if jit else step
+    outs = []
+    for t in range(steps):
+        grads = nested_tree(dtype, seed=t + 1)
+        updates, state = step(opt, grads, state, params)
+        outs.append(updates)
+    return outs, state
+
+
+def test_registry_covers_the_catalogue():
+    builders = {name.removesuffix("_nesterov") for name in ENTRIES}
+    assert builders == set(catalogue_names())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_jit_and_eager_agree_and_keep_shapes_dtypes(name, dtype):
+    opt = ENTRIES[name]()
+    eager, eager_state = _run(opt, 3, dtype, jit=False)
+    jitted, jitted_state = _run(opt, 3, dtype, jit=True)
+    reference = nested_tree(dtype)
+    for e, j in zip(eager, jitted):
+        assert jax.tree.structure(e) == jax.tree.structure(reference)
+        for x, y, r in zip(jax.tree.leaves(e), jax.tree.leaves(j), jax.tree.leaves(reference)):
+            assert x.shape == r.shape and x.dtype == r.dtype
+            assert y.shape == r.shape and y.dtype == r.dtype
+            assert np.all(np.isfinite(np.asarray(x, np.float32)))
+            np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), **_tol(dtype))
+    assert jax.tree.structure(eager_state) == jax.tree.structure(jitted_state)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_is_a_tuple_of_named_tuples_in_pipeline_order(name):
+    opt = ENTRIES[name]()
+    state = opt.init(nested_tree())
+    assert isinstance(state, tuple) and len(state) == len(opt.stages)
+    for stage, stage_state in zip(opt.stages, state):
+        assert isinstance(stage_state, tuple) and hasattr(stage_state, "_fields")
+        assert opt.get_state(state, stage.label) is stage_state
+
+
+@pytest.mark.parametrize("name", ["scale_by_adam", "scale_by_rms", "trace", "scale_by_yogi"])
+def test_accumulators_default_to_float32_for_bf16_params(name):
+    opt = ENTRIES[name]()
+    state = opt.init(nested_tree(jnp.bfloat16))
+    for leaf in jax.tree.leaves(state[0]):
+        if leaf.ndim or leaf.dtype != jnp.int32:
+            assert leaf.dtype == jnp.float32
+
+
+def test_dtype_options_store_moments_as_asked():
+    opt = ux.scale_by_adam(mu_dtype=jnp.bfloat16, nu_dtype="float32")
+    state = opt.init(nested_tree(jnp.float32))
+    assert {x.dtype for x in jax.tree.leaves(state[0].mu)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(state[0].nu)} == {jnp.dtype(jnp.float32)}
+    updates, state = opt.update(nested_tree(seed=1), state)
+    assert {x.dtype for x in jax.tree.leaves(state[0].mu)} == {jnp.dtype(jnp.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(updates)} == {jnp.dtype(jnp.float32)}
+
+
+def _scale_floats(opt, factor):
+    """The same pipeline with every float hyperparameter scaled: only leaves change."""
+    return jax.tree.map(lambda v: v * factor if isinstance(v, float) else v, opt)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_recompilation_on_second_call_or_new_hyperparameters(name):
+    traces = []
+
+    @jax.jit
+    def step(opt, grads, state, params):
+        traces.append(1)
+        return opt.update(grads, state, params)
+
+    opt = ENTRIES[name]()
+    params = nested_tree()
+    state = opt.init(params)
+    _, state = step(opt, nested_tree(seed=1), state, params)
+    _, state = step(opt, nested_tree(seed=2), state, params)
+    tweaked = _scale_floats(opt, 0.9)
+    assert jax.tree.structure(tweaked) == jax.tree.structure(opt)
+    _, state = step(tweaked, nested_tree(seed=3), state, params)
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_composes_with_itself_and_with_a_stateless_stage(name):
+    opt = ENTRIES[name]()
+    params = nested_tree()
+    grads = nested_tree(seed=1)
+
+    twice = ux.compose(opt, opt).scale(0.5)
+    assert len(twice.stages) == 2 * len(opt.stages) + 1
+    updates, _ = twice.update(grads, twice.init(params), params)
+
+    first, _ = opt.update(grads, opt.init(params), params)
+    second, _ = opt.update(first, opt.init(params), params)
+    expected = jax.tree.map(lambda u: u * 0.5, second)
+    for x, y in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_value_semantics(name):
+    opt = ENTRIES[name]()
+    assert opt == ENTRIES[name]()
+    assert hash(opt) == hash(ENTRIES[name]())
+    assert pickle.loads(pickle.dumps(opt)) == opt
+    assert repr(opt).split("(")[0] in {s.label for s in opt.stages} | {"scale_by_adam"}
+    init_fn, update_fn = opt
+    params = nested_tree()
+    state = init_fn(params)
+    assert jax.tree.structure(update_fn(nested_tree(seed=1), state, params)[1]) == jax.tree.structure(state)
+    with pytest.raises(AttributeError):
+        opt.stages = ()
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_PARAMS))
+def test_stages_needing_params_say_so_by_name(name):
+    opt = ENTRIES[name]()
+    with pytest.raises(ValueError, match=f"{name} needs params"):
+        opt.update(nested_tree(seed=1), opt.init(nested_tree()))
+
+
+# Entries with per-param state or a params argument; the others accept any tree.
+PER_PARAM = [n for n in NAMES if n not in {"scale", "clip", "clip_by_global_norm", "centralize",
+                                           "scale_by_schedule", "scale_by_state", "add_noise"}]
+
+
+@pytest.mark.parametrize("name", PER_PARAM)
+def test_mismatched_update_tree_names_the_first_differing_path(name):
+    opt = ENTRIES[name]()
+    params = nested_tree()
+    grads = nested_tree(seed=1)
+    grads["dense"]["extra"] = jnp.ones(2)
+    with pytest.raises(ValueError, match=r"\['dense'\]\['extra'\]"):
+        opt.update(grads, opt.init(params), params)
+
+
+class _Scalars(NamedTuple):
+    a: jax.Array
+    b: jax.Array
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scalars_and_namedtuple_containers(name):
+    opt = ENTRIES[name]()
+    params = _Scalars(jnp.asarray(1.5), jnp.asarray([0.5, -2.0]))
+    updates, _ = opt.update(_Scalars(jnp.asarray(0.25), jnp.asarray([1.0, 3.0])), opt.init(params), params)
+    assert isinstance(updates, _Scalars) and updates.a.shape == ()
+    assert np.all(np.isfinite(updates.b))
