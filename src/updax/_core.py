@@ -489,7 +489,7 @@ def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=(
 
     Args:
         apply_fn: ``apply_fn(updates, params, **options) -> updates``; it gets
-            the options its signature names, by keyword.
+            the options its signature names, by keyword. No default.
         name: the name shown in ``repr`` and used in state paths. Default:
             ``None`` (shown as ``stateless(apply_fn)``).
         options: a mapping of hyperparameters. Numbers and arrays are pytree
@@ -523,9 +523,10 @@ def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, 
 
     Args:
         init_fn: ``init_fn(params, **options) -> state``, best a NamedTuple
-            with descriptive fields.
+            with descriptive fields. No default.
         apply_fn: ``apply_fn(updates, state, params, **options) -> (updates,
             state)``; each function gets the options its signature names.
+            No default.
         name: the name shown in ``repr`` and used in state paths. Default:
             ``None`` (shown as ``stateful(init_fn, apply_fn)``).
         options: a mapping of hyperparameters (see :func:`stateless`).
