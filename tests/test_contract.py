@@ -21,6 +21,13 @@ def _tol(dtype):
     return dict(rtol=2e-2, atol=2e-2) if dtype == jnp.bfloat16 else dict(rtol=1e-5, atol=1e-6)
 
 
+@pytest.fixture(autouse=True)
+def strict_promotion():
+    """Kernels cast explicitly: no silent bf16 -> f32 upcasts slip through."""
+    with jax.numpy_dtype_promotion("strict"):
+        yield
+
+
 def _run(opt, steps, dtype, jit):
     """Runs ``steps`` updates on nested trees; returns the list of updates and the final state."""
     params = nested_tree(dtype, seed=0)

@@ -605,7 +605,7 @@ def apply_updates(params, updates):
     """
     def add(p, u):
         p, u = jnp.asarray(p), jnp.asarray(u)
-        wide = jnp.promote_types(p.dtype, u.dtype)
+        wide = _tree.wider(p.dtype, u.dtype)
         return (p.astype(wide) + u.astype(wide)).astype(p.dtype)
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")

@@ -58,9 +58,22 @@ def safe_increment(count):
     return jnp.where(count < _INT32_MAX, count + 1, _INT32_MAX).astype(count.dtype)
 
 
+def wider(*dtypes):
+    """The widest of some floating dtypes, without relying on the promotion mode.
+
+    (Under ``jax.numpy_dtype_promotion("strict")`` even ``result_type`` refuses
+    to mix bfloat16 and float32; the kernels cast explicitly instead.)
+    """
+    dtypes = [jnp.dtype(d) for d in dtypes]
+    if any(jnp.issubdtype(d, jnp.complexfloating) for d in dtypes):
+        with jax.numpy_dtype_promotion("standard"):
+            return jnp.result_type(*dtypes)
+    return max(dtypes, key=lambda d: d.itemsize)
+
+
 def compute_dtype(*dtypes):
     """The dtype arithmetic runs in: at least float32 (bf16/f16 promote, f64 stays)."""
-    return jnp.result_type(jnp.float32, *dtypes)
+    return wider(jnp.float32, *dtypes)
 
 
 def accumulator_like(leaf, dtype, fill=0.0):
