@@ -336,3 +336,28 @@ def test_mismatched_trees_name_the_path_and_the_call():
     state = opt.init({"a": jnp.zeros(2), "b": [jnp.zeros(1), jnp.zeros(1)]})
     with pytest.raises(ValueError, match=r"scale_by_adam: state.mu does not match updates: .*\['b'\]\[1\]"):
         opt.update({"a": jnp.zeros(2), "b": [jnp.zeros(1)]}, state)
+
+
+def _betas_kernel(updates, params, *, betas):
+    return jax.tree.map(lambda g: g * betas[0] + betas[1], updates)
+
+
+def test_user_options_that_are_trees_of_numbers_are_leaves():
+    opt = ux.stateless(_betas_kernel, name="affine", options={"betas": (2.0, 0.5)})
+    assert repr(opt) == "affine(betas=(2.0, 0.5))"
+    assert jax.tree.leaves(opt) == [2.0, 0.5]
+    assert opt == ux.stateless(_betas_kernel, name="affine", options={"betas": (2.0, 0.5)})
+    assert hash(opt) == hash(ux.stateless(_betas_kernel, name="affine", options={"betas": (2.0, 0.5)}))
+    traces = []
+
+    @jax.jit
+    def step(opt, g):
+        traces.append(1)
+        return opt.update(g, opt.init(None))[0]
+
+    assert float(step(opt, {"w": jnp.ones(1)})["w"][0]) == 2.5
+    other = ux.stateless(_betas_kernel, name="affine", options={"betas": (3.0, 0.0)})
+    assert float(step(other, {"w": jnp.ones(1)})["w"][0]) == 3.0
+    assert len(traces) == 1
+    with pytest.raises(TypeError, match=r"affine\(names=\['a'\]\): an option must be a number"):
+        ux.stateless(_betas_kernel, name="affine", options={"names": ["a"]})

@@ -42,11 +42,19 @@ class EmptyState(NamedTuple):
 # Options: which are leaves, how they print, hash and compare.
 
 
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (numbers.Number, np.ndarray, np.generic, jax.Array))
+
+
 def _is_dynamic(value) -> bool:
-    """Numbers, arrays and nested pipelines are leaves; the rest is structure."""
-    if isinstance(value, bool):
+    """Numbers and arrays are leaves, and so is any pytree whose leaves are all numbers
+    (a nested pipeline, a schedule object); the rest (flags, dtypes, functions) is structure."""
+    if isinstance(value, Update) or _is_number(value):
+        return True
+    if isinstance(value, bool) or value is None:
         return False
-    return isinstance(value, (numbers.Number, np.ndarray, np.generic, jax.Array, Update))
+    leaves, treedef = jax.tree.flatten(value)
+    return treedef.num_nodes > 1 and bool(leaves) and all(_is_number(leaf) for leaf in leaves)
 
 
 def _is_key(value) -> bool:
@@ -73,6 +81,9 @@ def _hashable(value):
     if isinstance(value, (np.ndarray, np.generic, jax.Array)):
         array = np.asarray(value)
         return ("array", array.dtype.str, array.shape, array.tobytes())
+    if not isinstance(value, Update) and _is_dynamic(value) and not _is_number(value):
+        leaves, treedef = jax.tree.flatten(value)
+        return ("tree", treedef, tuple(_hashable(leaf) for leaf in leaves))
     return value
 
 
