@@ -23,6 +23,7 @@ from updax import _tree
 
 __all__ = [
     "EmptyState",
+    "ScheduledState",
     "Stage",
     "Update",
     "apply_updates",
@@ -36,6 +37,20 @@ __all__ = [
 
 class EmptyState(NamedTuple):
     """The state of a stateless stage: it holds nothing."""
+
+
+class ScheduledState(NamedTuple):
+    """The state of a stage some of whose options are schedules.
+
+    ``state`` is the stage's own state, ``count`` the steps taken, and
+    ``hyperparams`` the value each scheduled option had on the last step (at
+    init: its value at count 0). :meth:`Update.get_state` sees through it:
+    ``"scale_by_adam.mu"`` and ``"scale_by_adam.b1"`` both resolve.
+    """
+
+    state: tuple
+    count: jax.Array
+    hyperparams: dict
 
 
 # --------------------------------------------------------------------------
@@ -111,10 +126,12 @@ class Stage:
     :func:`stateful` do. ``init_fn`` is None for a stateless stage. Options are
     passed by keyword to each kernel that names them in its signature.
     ``wraps`` names the option holding the pipeline a wrapper stage runs (its
-    state lives in the state field of the same name).
+    state lives in the state field of the same name). An option whose value
+    is callable (and not named in ``static``) is a schedule: the stage
+    evaluates it at its own step count and the kernels see the number.
     """
 
-    __slots__ = ("name", "init_fn", "apply_fn", "options", "dynamic", "needs_params", "wraps")
+    __slots__ = ("name", "init_fn", "apply_fn", "options", "dynamic", "scheduled", "needs_params", "wraps")
 
     def __init__(self, name, init_fn, apply_fn, options=(), *, needs_params=False, wraps=None, static=()):
         options = tuple(dict(options).items())
@@ -130,7 +147,8 @@ class Stage:
         if wraps is not None and not isinstance(dict(options).get(wraps), Update):
             raise TypeError(f"{name}: option {wraps!r} must be an update object")
         dynamic = frozenset(k for k, v in options if _is_dynamic(v) and k not in static)
-        self._set(name, init_fn, apply_fn, options, dynamic, needs_params, wraps)
+        scheduled = frozenset(k for k, v in options if callable(v) and not isinstance(v, Update) and k not in static)
+        self._set(name, init_fn, apply_fn, options, dynamic, scheduled, needs_params, wraps)
 
     def _set(self, *values):
         for slot, value in zip(self.__slots__, values):
@@ -149,27 +167,51 @@ class Stage:
     def option(self, key):
         return dict(self.options)[key]
 
-    def _kwargs(self, fn):
+    @staticmethod
+    def _kwargs(fn, values):
         accepted = _keywords(fn)
-        return {k: v for k, v in self.options if accepted is None or k in accepted}
+        return {k: v for k, v in values.items() if accepted is None or k in accepted}
+
+    def _values(self, count):
+        """The options, with each schedule evaluated at ``count`` (at least float32)."""
+        values = dict(self.options)
+        for key in self.scheduled:
+            value = jnp.asarray(values[key](count))
+            if jnp.issubdtype(value.dtype, jnp.floating):
+                value = value.astype(_tree.compute_dtype(value.dtype))
+            values[key] = value
+        return values
 
     def init(self, params):
-        if self.init_fn is None:
-            return EmptyState()
-        return self.init_fn(params, **self._kwargs(self.init_fn))
+        count = _tree.zero_count()
+        values = self._values(count)
+        state = EmptyState() if self.init_fn is None else self.init_fn(params, **self._kwargs(self.init_fn, values))
+        if not self.scheduled:
+            return state
+        return ScheduledState(state=state, count=count, hyperparams={k: values[k] for k in sorted(self.scheduled)})
 
     def apply(self, updates, state, params, extra):
         if self.needs_params and params is None:
             raise ValueError(
                 f"{self.label} needs params, but update() got none: call update(updates, state, params)"
             )
-        kwargs = self._kwargs(self.apply_fn)
-        if extra:
-            accepted = _keywords(self.apply_fn)
-            kwargs.update({k: v for k, v in extra.items() if accepted is None or k in accepted})
+        outer = state
+        if self.scheduled:
+            if not isinstance(state, ScheduledState):
+                raise ValueError(f"{self.label}: its options are scheduled, so its state must be the "
+                                 f"ScheduledState that init() returns, got {type(state).__name__}")
+            values, state = self._values(outer.count), outer.state
+        else:
+            values = dict(self.options)
+        kwargs = self._kwargs(self.apply_fn, {**values, **extra})
         if self.init_fn is None:
-            return self.apply_fn(updates, params, **kwargs), state
-        return self.apply_fn(updates, state, params, **kwargs)
+            updates = self.apply_fn(updates, params, **kwargs)
+        else:
+            updates, state = self.apply_fn(updates, state, params, **kwargs)
+        if self.scheduled:
+            state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
+                                   hyperparams={k: values[k] for k in sorted(self.scheduled)})
+        return updates, state
 
     # --- value semantics ---------------------------------------------------
 
@@ -185,7 +227,7 @@ class Stage:
 
     def __reduce__(self):
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.dynamic,
-                                 self.needs_params, self.wraps))
+                                 self.scheduled, self.needs_params, self.wraps))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -212,15 +254,16 @@ def _restore_stage(*values):
 def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
-    aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.dynamic, stage.needs_params, stage.wraps)
+    aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.dynamic, stage.scheduled, stage.needs_params,
+           stage.wraps)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
-    name, init_fn, apply_fn, static, dynamic, needs_params, wraps = aux
+    name, init_fn, apply_fn, static, dynamic, scheduled, needs_params, wraps = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static)
-    return _restore_stage(name, init_fn, apply_fn, options, dynamic, needs_params, wraps)
+    return _restore_stage(name, init_fn, apply_fn, options, dynamic, scheduled, needs_params, wraps)
 
 
 jax.tree_util.register_pytree_with_keys(Stage, _flatten_stage, _unflatten_stage)
@@ -305,7 +348,7 @@ class Update:
     # --- reading and replacing state by name --------------------------------
 
     def _resolve(self, path: str):
-        """Turns ``"a/b[1].field"`` into ([(stage index, wrapped option or None)], field)."""
+        """Turns ``"a/b[1].field"`` into ([(stage index, wrapped option or None)], field, last stage)."""
         if not isinstance(path, str) or not path:
             raise TypeError(f"a state path is a string like 'scale_by_adam.mu', got {path!r}")
         stages_part, _, field = path.partition(".")
@@ -333,47 +376,77 @@ class Update:
             steps.append((position, None if last else stage.wraps))
             if not last:
                 current = stage.option(stage.wraps)
-        return steps, field or None
+        return steps, field or None, stage
 
-    def get_state(self, state, path: str):
-        """Reads a stage's state, or one field of it, by name.
+    @staticmethod
+    def _where(path, stage, entry, field):
+        """Where ``field`` of a stage's state entry lives: 'state', 'scheduled' or 'option'."""
+        own = entry.state if isinstance(entry, ScheduledState) else entry
+        if field in getattr(own, "_fields", ()):
+            return "state"
+        if isinstance(entry, ScheduledState) and field in entry.hyperparams:
+            return "scheduled"
+        if field in stage.dynamic and not isinstance(stage.option(field), Update):
+            return "option"
+        hyper = sorted(k for k in stage.dynamic | stage.scheduled if not isinstance(stage.option(k), Update))
+        raise KeyError(f"{path!r}: the state {type(own).__name__} has no field {field!r} "
+                       f"(fields: {list(getattr(own, '_fields', ()))}; hyperparameters: {hyper})")
 
-        ``path`` is a stage name (``"scale_by_adam"``), optionally with a field
-        (``"scale_by_adam.count"``). ``"trace[1]"`` picks the second of two
-        stages of the same kind; ``"accumulate_gradients/scale_by_adam.mu"``
-        reaches into the pipeline a wrapper stage runs.
-        """
-        steps, field = self._resolve(path)
+    def _entry(self, state, steps):
         node = state
         for position, wrapped in steps:
             node = node[position]
             if wrapped is not None:
-                node = getattr(node, wrapped)
+                node = getattr(node.state if isinstance(node, ScheduledState) else node, wrapped)
+        return node
+
+    def get_state(self, state, path: str):
+        """Reads a stage's state, one field of it, or one of its hyperparameters, by name.
+
+        ``path`` is a stage name (``"scale_by_adam"``), optionally with a field
+        (``"scale_by_adam.count"``). ``"trace[1]"`` picks the second of two
+        stages of the same kind; ``"accumulate_gradients/scale_by_adam.mu"``
+        reaches into the pipeline a wrapper stage runs. A hyperparameter name
+        (``"scale_by_learning_rate.learning_rate"``) gives the value used on
+        the last step: from the state when it is scheduled, else the option.
+        """
+        steps, field, stage = self._resolve(path)
+        entry = self._entry(state, steps)
         if field is None:
-            return node
-        if field not in getattr(node, "_fields", ()):
-            raise KeyError(f"{path!r}: the state {type(node).__name__} has no field {field!r} "
-                           f"(fields: {list(getattr(node, '_fields', ()))})")
-        return getattr(node, field)
+            return entry
+        where = self._where(path, stage, entry, field)
+        if where == "state":
+            return getattr(entry.state if isinstance(entry, ScheduledState) else entry, field)
+        if where == "scheduled":
+            return entry.hyperparams[field]
+        return stage.option(field)
 
     def replace_state(self, state, path: str, value):
         """Returns ``state`` with the stage state or field at ``path`` replaced.
 
         The new value keeps the old one's tree structure, shapes and dtypes (a
         Python number becomes an array of the old dtype), so a jitted step does
-        not recompile. See :meth:`get_state` for paths.
+        not recompile. See :meth:`get_state` for paths. Hyperparameters are
+        not state: build the object with a new value instead (passed into a
+        jitted step as an argument, that does not recompile either).
         """
-        steps, field = self._resolve(path)
-        old = self.get_state(state, path)
-        value = _like(path, old, value)
+        steps, field, stage = self._resolve(path)
+        entry = self._entry(state, steps)
+        if field is not None and self._where(path, stage, entry, field) != "state":
+            raise KeyError(f"replace_state({path!r}): {field} is a hyperparameter, not state; build the "
+                           f"update object with the new value (or a schedule) instead")
+        value = _like(path, self.get_state(state, path), value)
 
         def rebuild(node, depth):
             position, wrapped = steps[depth]
             child = node[position]
-            if wrapped is not None:
-                child = child._replace(**{wrapped: rebuild(getattr(child, wrapped), depth + 1)})
-            elif field is not None:
-                child = child._replace(**{field: value})
+            if wrapped is not None or field is not None:
+                own = child.state if isinstance(child, ScheduledState) else child
+                if wrapped is not None:
+                    own = own._replace(**{wrapped: rebuild(getattr(own, wrapped), depth + 1)})
+                else:
+                    own = own._replace(**{field: value})
+                child = child._replace(state=own) if isinstance(child, ScheduledState) else own
             else:
                 child = value
             return tuple(node[:position]) + (child,) + tuple(node[position + 1:])
@@ -508,7 +581,9 @@ def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=(
             values are static and must be hashable. Default: ``None``.
         needs_params: raise a clear error when ``update`` gets no params.
             Default: ``False``.
-        static: option names to keep static even when numeric. Default: ``()``.
+        static: option names passed to the kernels as they are: kept static
+            even when numeric, and not evaluated as schedules when callable.
+            Default: ``()``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -544,7 +619,9 @@ def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, 
             Default: ``None``.
         needs_params: raise a clear error when ``update`` gets no params.
             Default: ``False``.
-        static: option names to keep static even when numeric. Default: ``()``.
+        static: option names passed to the kernels as they are: kept static
+            even when numeric, and not evaluated as schedules when callable.
+            Default: ``()``.
         wraps: the option holding a pipeline this stage runs; its state must
             be stored in the state field of the same name. Default: ``None``.
 

@@ -30,10 +30,14 @@ def _interval(lo, hi, lo_open, hi_open):
 def real(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
     """A real scalar hyperparameter in an interval; Python ints become floats.
 
-    JAX/NumPy scalars are kept as given (they may carry a chosen dtype).
+    JAX/NumPy scalars are kept as given (they may carry a chosen dtype). A
+    callable is a schedule ``count -> value``: it is kept, and its values
+    cannot be checked here.
     """
     if isinstance(value, bool) or value is None:
         _fail(call, name, value, "must be a real number", TypeError)
+    if callable(value) and not isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return value  # a schedule count -> value, evaluated by the stage at each step
     if isinstance(value, numbers.Real):
         concrete = float(value)
         value = concrete if isinstance(value, int) else value

@@ -1,0 +1,891 @@
+"""Schedules: immutable, printable, jittable callables ``count -> value``.
+
+Each schedule is a small class whose instances are values, like update
+objects: they print in call form, compare and hash by their options, pickle,
+and are pytrees. Options that only enter arithmetic (values, rates, step
+counts) are pytree leaves, so a jitted function that takes a schedule as an
+argument does not retrace when one changes; options that Python needs as
+concrete values (flags, dict boundaries, the interpolation kind, the phase
+boundaries of the one-cycle schedules) are static structure, and nested
+schedules are pytree children.
+
+Names and options of ``constant``, ``exponential_decay``, ``cosine_decay``,
+``polynomial_decay`` and ``linear_decay`` are Polaris's (``Polaris.Schedules``):
+``init_value`` is positional, the other options are keywords. The others follow
+optax's schedules of the same meaning and take optax's arguments in optax's
+order.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from updax import _validate as check
+from updax._core import _format, _hashable
+
+__all__ = [
+    "Schedule",
+    "constant",
+    "cosine_decay",
+    "cosine_onecycle",
+    "exponential_decay",
+    "join_schedules",
+    "linear_decay",
+    "linear_onecycle",
+    "piecewise_constant",
+    "piecewise_interpolate",
+    "polynomial_decay",
+    "sgdr",
+    "warmup_cosine_decay",
+    "warmup_exponential_decay",
+]
+
+
+# --------------------------------------------------------------------------
+# The base class: fields, value semantics, pytree registration, written once.
+
+
+class Schedule:
+    """Base class of the schedules: an immutable callable value ``count -> value``.
+
+    A subclass names its options as the parameters of ``__init__``, validates
+    them there and stores them with ``self._set(**options)``; it lists in
+    ``_static`` the options Python needs as concrete values, and defines
+    ``__call__(count)``. Every other option is a pytree child. Subclasses are
+    registered as pytrees when they are defined, and get ``repr`` in call form,
+    ``==``, ``hash`` and pickling from here.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax.schedules as uxs
+        >>> class halving(uxs.Schedule):
+        ...     def __init__(self, init_value):
+        ...         self._set(init_value=init_value)
+        ...     def __call__(self, count):
+        ...         return self.init_value * 0.5 ** jnp.asarray(count, jnp.float32)
+        >>> halving(1.0)
+        halving(init_value=1.0)
+        >>> halving(1.0)(3)
+        Array(0.125, dtype=float32)
+    """
+
+    _static: tuple[str, ...] = ()
+    _fields: tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._fields = tuple(inspect.signature(cls.__init__).parameters)[1:]
+        jax.tree_util.register_pytree_with_keys(
+            cls, _flatten_with_keys, functools.partial(_unflatten, cls), _flatten
+        )
+
+    def _set(self, **options):
+        for name in self._fields:
+            object.__setattr__(self, name, options[name])
+
+    def __setattr__(self, name, value):
+        raise AttributeError("schedules are immutable")
+
+    def __delattr__(self, name):
+        raise AttributeError("schedules are immutable")
+
+    def __call__(self, count):
+        raise NotImplementedError
+
+    def _values(self):
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def _key(self):
+        leaves, treedef = jax.tree.flatten(self)
+        return treedef, tuple(_hashable(leaf) for leaf in leaves)
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __reduce__(self):
+        return _restore, (type(self), self._values())
+
+    def __repr__(self):
+        shown = ", ".join(f"{k}={_format(v)}" for k, v in zip(self._fields, self._values()) if v is not None)
+        return f"{type(self).__name__}({shown})"
+
+
+def _restore(cls, values):
+    schedule = object.__new__(cls)
+    for name, value in zip(cls._fields, values):
+        object.__setattr__(schedule, name, value)
+    return schedule
+
+
+def _flatten_with_keys(schedule):
+    children = [(jax.tree_util.GetAttrKey(k), getattr(schedule, k)) for k in schedule._fields
+                if k not in schedule._static]
+    return children, tuple(getattr(schedule, k) for k in schedule._static)
+
+
+def _flatten(schedule):
+    children, aux = _flatten_with_keys(schedule)
+    return [child for _, child in children], aux
+
+
+def _unflatten(cls, aux, children):
+    children, aux = iter(children), iter(aux)
+    return _restore(cls, tuple(next(aux) if k in cls._static else next(children) for k in cls._fields))
+
+
+class _Function(Schedule):
+    """A plain function used as a schedule inside :class:`join_schedules` (static structure)."""
+
+    _static = ("fn",)
+
+    def __init__(self, fn):
+        self._set(fn=fn)
+
+    def __call__(self, count):
+        return self.fn(count)
+
+    def __repr__(self):
+        return _format(self.fn)
+
+
+# --------------------------------------------------------------------------
+# Validation helpers not in _validate
+
+
+def _nonnegative_int(call, name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        check._fail(call, name, value, "must be a non-negative integer", TypeError)
+    if value < 0:
+        check._fail(call, name, value, "must be a non-negative integer")
+    return int(value)
+
+
+def _boundaries(call, name, mapping, value_check):
+    """A dict ``{step: number}`` with non-negative integer steps, sorted by step."""
+    if not isinstance(mapping, dict):
+        check._fail(call, name, mapping, "must be a dict {step: value}", TypeError)
+    for step in mapping:
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            check._fail(call, name, mapping, f"must have non-negative integer steps as keys, got {step!r}")
+    return {int(step): value_check(call, f"{name}[{step}]", mapping[step]) for step in sorted(mapping)}
+
+
+# --------------------------------------------------------------------------
+# Kernels, on at least float32 arrays
+
+
+def _real(x):
+    """``x`` as an array of at least float32 (a count becomes float32)."""
+    x = jnp.asarray(x)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32) if floating else jnp.float32)
+
+
+def _exponential(t, init, rate, steps, begin, staircase, end):
+    t = t - begin
+    p = t / steps
+    if staircase:
+        p = jnp.floor(p)
+    value = jnp.where(t <= 0, init, init * rate**p)
+    if end is not None:
+        value = jnp.where(rate < 1, jnp.maximum(value, end), jnp.minimum(value, end))
+    return value
+
+
+def _cosine(t, init, steps, alpha, exponent=1.0):
+    cos = 0.5 * (1 + jnp.cos(jnp.pi * jnp.minimum(t, steps) / steps))
+    return init * ((1 - alpha) * cos**exponent + alpha)
+
+
+def _polynomial(t, init, end, power, steps, begin):
+    done = jnp.clip(t - begin, 0, steps) / steps
+    return (init - end) * (1 - done) ** power + end
+
+
+def _warmup(t, init, peak, steps):
+    return init + (peak - init) * t / jnp.maximum(steps, 1)
+
+
+def _interpolate(kind, t, bounds, values):
+    """Interpolates ``values[i] -> values[i+1]`` on ``[bounds[i], bounds[i+1])``; ``values[-1]`` after."""
+    out = jnp.broadcast_to(values[-1], t.shape)
+    for b0, b1, v0, v1 in zip(bounds, bounds[1:], values, values[1:]):
+        pct = (t - b0) / max(b1 - b0, 1)
+        if kind == "linear":
+            value = v0 + (v1 - v0) * pct
+        else:
+            value = v1 + (v0 - v1) / 2 * (jnp.cos(jnp.pi * pct) + 1)
+        out = jnp.where((b0 <= t) & (t < b1), value, out)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Polaris's schedules
+
+
+class constant(Schedule):
+    """A schedule that holds one value.
+
+    Formula: ``η(t) = init_value``.
+
+    Args:
+        init_value: the value, any real number. No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.constant(0.01)
+        >>> sched
+        constant(init_value=0.01)
+        >>> sched(1000)
+        Array(0.01, dtype=float32)
+
+    References:
+        Polaris.Schedules.constant.
+    """
+
+    def __init__(self, init_value):
+        self._set(init_value=check.real("constant", "init_value", init_value))
+
+    def __call__(self, count):
+        return jnp.broadcast_to(_real(self.init_value), jnp.shape(count))
+
+
+class exponential_decay(Schedule):
+    """Exponential decay, continuous or in steps, from ``transition_begin`` on.
+
+    Formula, with ``s = t - transition_begin`` and ``k = transition_steps``::
+
+        η(t) = init_value                              if s <= 0
+        η(t) = init_value · decay_rate^(s/k)           otherwise (⌊s/k⌋ if staircase)
+
+    then clipped at ``end_value`` when given: a floor when ``decay_rate < 1``,
+    a ceiling otherwise.
+
+    Args:
+        init_value: the value before the decay begins, any real number.
+            No default.
+        decay_rate: the factor per ``transition_steps`` steps, > 0.
+            Default: ``0.95``.
+        transition_steps: steps per factor of ``decay_rate``, a positive
+            integer. Default: ``10``.
+        transition_begin: the step the decay begins at, a non-negative integer.
+            Default: ``0``.
+        staircase: decay in whole steps of ``transition_steps``.
+            Default: ``False``.
+        end_value: the bound the value stops at (not in Polaris; optax's
+            option); None for no bound. Default: ``None``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.exponential_decay(1.0, decay_rate=0.5, transition_steps=2, staircase=True)
+        >>> sched(5)  # 0.5 ** ⌊5/2⌋
+        Array(0.25, dtype=float32)
+
+    References:
+        Polaris.Schedules.exponential_decay.
+    """
+
+    _static = ("staircase",)
+
+    def __init__(self, init_value, *, decay_rate=0.95, transition_steps=10, transition_begin=0,
+                 staircase=False, end_value=None):
+        call = "exponential_decay"
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  decay_rate=check.positive(call, "decay_rate", decay_rate),
+                  transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
+                  staircase=check.flag(call, "staircase", staircase),
+                  end_value=None if end_value is None else check.real(call, "end_value", end_value))
+
+    def __call__(self, count):
+        end = None if self.end_value is None else _real(self.end_value)
+        return _exponential(_real(count), _real(self.init_value), _real(self.decay_rate),
+                            _real(self.transition_steps), _real(self.transition_begin), self.staircase, end)
+
+
+class cosine_decay(Schedule):
+    """Cosine decay from ``init_value`` to ``alpha · init_value`` over ``decay_steps`` steps.
+
+    Formula, with ``k = decay_steps``::
+
+        η(t) = init_value · ((1 - alpha) · ½(1 + cos(π·min(t, k)/k)) + alpha)
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        decay_steps: the steps the decay lasts, a positive integer; the value
+            stays at ``alpha · init_value`` after. Default: ``10``.
+        alpha: the final value as a fraction of ``init_value``, in [0, 1].
+            Default: ``0.0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.cosine_decay(0.01, decay_steps=1000)
+        >>> sched
+        cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0)
+        >>> sched(500)  # halfway: half the initial value
+        Array(0.005, dtype=float32)
+
+    References:
+        Polaris.Schedules.cosine_decay. Loshchilov & Hutter, "SGDR: Stochastic
+        Gradient Descent with Warm Restarts", ICLR 2017.
+        https://arxiv.org/abs/1608.03983
+    """
+
+    def __init__(self, init_value, *, decay_steps=10, alpha=0.0):
+        call = "cosine_decay"
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  decay_steps=check.positive_int(call, "decay_steps", decay_steps),
+                  alpha=check.real(call, "alpha", alpha, 0.0, 1.0))
+
+    def __call__(self, count):
+        return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha))
+
+
+class polynomial_decay(Schedule):
+    """Polynomial decay from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
+
+    Formula, with ``s = clip(t - transition_begin, 0, transition_steps)``::
+
+        η(t) = (init_value - end_value) · (1 - s/transition_steps)^power + end_value
+
+    Args:
+        init_value: the value up to ``transition_begin``, any real number.
+            No default.
+        end_value: the value from ``transition_begin + transition_steps`` on,
+            any real number. Default: ``1e-3``.
+        power: the exponent, > 0 (``1.0`` decays linearly). Default: ``2.0``.
+        transition_steps: the steps the decay lasts, a positive integer.
+            Default: ``10``.
+        transition_begin: the step the decay begins at, a non-negative integer.
+            Default: ``0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.polynomial_decay(1.0, end_value=0.0, power=2.0, transition_steps=4)
+        >>> sched(2)  # (1 - 2/4) ** 2
+        Array(0.25, dtype=float32)
+
+    References:
+        Polaris.Schedules.polynomial_decay.
+    """
+
+    def __init__(self, init_value, *, end_value=1e-3, power=2.0, transition_steps=10, transition_begin=0):
+        call = "polynomial_decay"
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  end_value=check.real(call, "end_value", end_value),
+                  power=check.positive(call, "power", power),
+                  transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin))
+
+    def __call__(self, count):
+        return _polynomial(_real(count), _real(self.init_value), _real(self.end_value), _real(self.power),
+                           _real(self.transition_steps), _real(self.transition_begin))
+
+
+class linear_decay(Schedule):
+    """Linear warmup from 0 to ``init_value``, then linear decay to 0 at step ``steps``.
+
+    Formula::
+
+        η(t) = init_value · t / max(warmup, 1)                          if t < warmup
+        η(t) = init_value · max(0, (steps - t) / max(steps - warmup, 1))  otherwise
+
+    With ``warmup=0`` this is a linear decay from ``init_value`` to 0 over
+    ``steps`` steps, optax's ``linear_schedule(init_value, 0.0, steps)``. For a
+    linear decay to another end value, use
+    ``polynomial_decay(init_value, end_value=..., power=1.0, ...)``.
+
+    Args:
+        init_value: the peak value, reached at step ``warmup``, any real
+            number. No default.
+        warmup: the warmup steps, an integer in [0, steps]. Default: ``0``.
+        steps: the step at which the value reaches 0, a positive integer.
+            Default: ``1000``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.linear_decay(1.0, warmup=2, steps=6)
+        >>> [float(sched(t)) for t in range(8)]
+        [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+
+    References:
+        Polaris.Schedules.linear_decay.
+    """
+
+    def __init__(self, init_value, *, warmup=0, steps=1000):
+        call = "linear_decay"
+        steps = check.positive_int(call, "steps", steps)
+        warmup = _nonnegative_int(call, "warmup", warmup)
+        if warmup > steps:
+            check._fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
+        self._set(init_value=check.real(call, "init_value", init_value), warmup=warmup, steps=steps)
+
+    def __call__(self, count):
+        t, warmup, steps = _real(count), _real(self.warmup), _real(self.steps)
+        up = t / jnp.maximum(warmup, 1)
+        down = jnp.maximum(0, (steps - t) / jnp.maximum(steps - warmup, 1))
+        return _real(self.init_value) * jnp.where(t < warmup, up, down)
+
+
+# --------------------------------------------------------------------------
+# Piecewise schedules
+
+
+class piecewise_constant(Schedule):
+    """Piecewise constant: the value given for the last boundary the count has reached.
+
+    Formula, with boundaries ``b1 < b2 < ...`` and values ``v1, v2, ...``::
+
+        η(t) = init_value   if t < b1
+        η(t) = vi           if bi <= t < b(i+1)
+
+    Unlike optax's ``piecewise_constant_schedule``, whose dict holds *scales*
+    that multiply into the value, the dict holds the values themselves.
+
+    Args:
+        init_value: the value before the first boundary, any real number.
+            No default.
+        boundaries_and_values: a dict ``{step: value}`` with non-negative
+            integer steps (static structure) and real values (pytree leaves).
+            No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.piecewise_constant(0.1, {4: 1.0, 8: 2.0})
+        >>> [float(sched(t)) for t in range(10)]
+        [0.1, 0.1, 0.1, 0.1, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+
+    References:
+        The step-decay schedule of He et al., "Deep Residual Learning for Image
+        Recognition", CVPR 2016.
+    """
+
+    def __init__(self, init_value, boundaries_and_values):
+        call = "piecewise_constant"
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  boundaries_and_values=_boundaries(call, "boundaries_and_values", boundaries_and_values,
+                                                    check.real))
+
+    def __call__(self, count):
+        t = _real(count)
+        value = jnp.broadcast_to(_real(self.init_value), t.shape)
+        for step, v in sorted(self.boundaries_and_values.items()):
+            value = jnp.where(t >= step, _real(v), value)
+        return value
+
+
+class piecewise_interpolate(Schedule):
+    """Interpolates, linearly or by a half cosine, between values that scales multiply in at boundaries.
+
+    Formula, with boundaries ``b0 = 0 <= b1 <= ...`` and values
+    ``v0 = init_value, vi = v(i-1) · scale_i``: on ``[bi, b(i+1))`` with
+    ``p = (t - bi) / (b(i+1) - bi)``::
+
+        linear:  η(t) = vi + (v(i+1) - vi) · p
+        cosine:  η(t) = v(i+1) + (vi - v(i+1)) · ½(1 + cos(π·p))
+
+    and ``η(t)`` is the last value from the last boundary on.
+
+    Args:
+        interpolate_type: ``'linear'`` or ``'cosine'`` (static). No default.
+        init_value: the value at step 0, any real number. No default.
+        boundaries_and_scales: a dict ``{step: scale}`` with non-negative
+            integer steps (static structure) and scales >= 0 (pytree leaves);
+            None for none. Default: ``None``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.piecewise_interpolate("linear", 1.0, {4: 0.1, 8: 0.01})
+        >>> [round(float(sched(t)), 6) for t in (0, 2, 4, 6, 8, 10)]
+        [1.0, 0.55, 0.1, 0.0505, 0.001, 0.001]
+
+    References:
+        optax.piecewise_interpolate_schedule.
+    """
+
+    _static = ("interpolate_type",)
+
+    def __init__(self, interpolate_type, init_value, boundaries_and_scales=None):
+        call = "piecewise_interpolate"
+        if interpolate_type not in ("linear", "cosine"):
+            check._fail(call, "interpolate_type", interpolate_type, "must be 'linear' or 'cosine'")
+        self._set(interpolate_type=interpolate_type, init_value=check.real(call, "init_value", init_value),
+                  boundaries_and_scales=_boundaries(call, "boundaries_and_scales",
+                                                    {} if boundaries_and_scales is None else boundaries_and_scales,
+                                                    check.nonnegative))
+
+    def __call__(self, count):
+        steps, scales = zip(*sorted(self.boundaries_and_scales.items())) if self.boundaries_and_scales else ((), ())
+        values = [_real(self.init_value)]
+        for scale in scales:
+            values.append(values[-1] * _real(scale))
+        return _interpolate(self.interpolate_type, _real(count), (0, *steps), values)
+
+
+class linear_onecycle(Schedule):
+    """One-cycle with three linear phases: up to ``peak_value``, back down, then annealed.
+
+    Formula, with ``v0 = peak_value / div_factor``, ``T = transition_steps``,
+    ``b1 = ⌊pct_start·T⌋`` and ``b2 = ⌊pct_final·T⌋``: linear interpolation
+    through the points ``(0, v0)``, ``(b1, peak_value)``, ``(b2, v0)``,
+    ``(T, v0 / final_div_factor)``, and ``v0 / final_div_factor`` after ``T``.
+
+    Args:
+        transition_steps: the length ``T`` of the cycle, a positive integer
+            (static). No default.
+        peak_value: the value at step ``b1``, any real number. No default.
+        pct_start: the fraction of ``T`` spent going up, in [0, 1] (static).
+            Default: ``0.3``.
+        pct_final: the fraction of ``T`` at which the value is back at
+            ``v0``, in [pct_start, 1] (static). Default: ``0.85``.
+        div_factor: ``peak_value / v0``, > 0. Default: ``25.0``.
+        final_div_factor: ``v0 / final value``, > 0. Default: ``1e4``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.linear_onecycle(10, 1.0, pct_start=0.2, pct_final=0.6, div_factor=4.0,
+        ...                             final_div_factor=10.0)
+        >>> [float(sched(t)) for t in (0, 1, 2, 4, 6, 10)]
+        [0.25, 0.625, 1.0, 0.625, 0.25, 0.025]
+
+    References:
+        Smith & Topin, "Super-Convergence: Very Fast Training of Neural
+        Networks Using Large Learning Rates", 2017.
+        https://arxiv.org/abs/1708.07120
+    """
+
+    _static = ("transition_steps", "pct_start", "pct_final")
+
+    def __init__(self, transition_steps, peak_value, pct_start=0.3, pct_final=0.85, div_factor=25.0,
+                 final_div_factor=1e4):
+        call = "linear_onecycle"
+        pct_start = float(check.real(call, "pct_start", pct_start, 0.0, 1.0))
+        self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  peak_value=check.real(call, "peak_value", peak_value), pct_start=pct_start,
+                  pct_final=float(check.real(call, "pct_final", pct_final, pct_start, 1.0)),
+                  div_factor=check.positive(call, "div_factor", div_factor),
+                  final_div_factor=check.positive(call, "final_div_factor", final_div_factor))
+
+    def __call__(self, count):
+        steps = self.transition_steps
+        bounds = (0, int(self.pct_start * steps), int(self.pct_final * steps), steps)
+        peak = _real(self.peak_value)
+        start = peak / _real(self.div_factor)
+        return _interpolate("linear", _real(count), bounds, [start, peak, start, start / _real(self.final_div_factor)])
+
+
+class cosine_onecycle(Schedule):
+    """One-cycle with two half-cosine phases: up to ``peak_value``, then down to the final value.
+
+    Formula, with ``v0 = peak_value / div_factor``, ``T = transition_steps``
+    and ``b1 = ⌊pct_start·T⌋``: half-cosine interpolation through the points
+    ``(0, v0)``, ``(b1, peak_value)``, ``(T, v0 / final_div_factor)``, and
+    ``v0 / final_div_factor`` after ``T``.
+
+    Args:
+        transition_steps: the length ``T`` of the cycle, a positive integer
+            (static). No default.
+        peak_value: the value at step ``b1``, any real number. No default.
+        pct_start: the fraction of ``T`` spent going up, in [0, 1] (static).
+            Default: ``0.3``.
+        div_factor: ``peak_value / v0``, > 0. Default: ``25.0``.
+        final_div_factor: ``v0 / final value``, > 0. Default: ``1e4``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.cosine_onecycle(10, 1.0, pct_start=0.2, div_factor=4.0, final_div_factor=10.0)
+        >>> [round(float(sched(t)), 4) for t in (0, 1, 2, 6, 10)]
+        [0.25, 0.625, 1.0, 0.5125, 0.025]
+
+    References:
+        Smith & Topin, "Super-Convergence: Very Fast Training of Neural
+        Networks Using Large Learning Rates", 2017.
+        https://arxiv.org/abs/1708.07120
+    """
+
+    _static = ("transition_steps", "pct_start")
+
+    def __init__(self, transition_steps, peak_value, pct_start=0.3, div_factor=25.0, final_div_factor=1e4):
+        call = "cosine_onecycle"
+        self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  peak_value=check.real(call, "peak_value", peak_value),
+                  pct_start=float(check.real(call, "pct_start", pct_start, 0.0, 1.0)),
+                  div_factor=check.positive(call, "div_factor", div_factor),
+                  final_div_factor=check.positive(call, "final_div_factor", final_div_factor))
+
+    def __call__(self, count):
+        steps = self.transition_steps
+        bounds = (0, int(self.pct_start * steps), steps)
+        peak = _real(self.peak_value)
+        start = peak / _real(self.div_factor)
+        return _interpolate("cosine", _real(count), bounds, [start, peak, start / _real(self.final_div_factor)])
+
+
+# --------------------------------------------------------------------------
+# Warmup, restarts and joins
+
+
+class warmup_cosine_decay(Schedule):
+    """Linear warmup from ``init_value`` to ``peak_value``, then cosine decay to ``end_value``.
+
+    Formula, with ``w = warmup_steps`` and ``k = decay_steps - warmup_steps``::
+
+        η(t) = init_value + (peak_value - init_value) · t/w          if t < w
+        η(t) = end_value + (peak_value - end_value) · c^exponent     otherwise
+        c = ½(1 + cos(π·min(t - w, k)/k))
+
+    (0 throughout the decay when ``peak_value = 0``, as in optax).
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        peak_value: the value at the end of the warmup, any real number.
+            No default.
+        warmup_steps: the warmup steps, a non-negative integer. No default.
+        decay_steps: the total length of warmup and decay, an integer greater
+            than ``warmup_steps``. No default.
+        end_value: the value from step ``decay_steps`` on, any real number.
+            Default: ``0.0``.
+        exponent: the power of the cosine factor, > 0. Default: ``1.0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.warmup_cosine_decay(0.0, 1.0, warmup_steps=2, decay_steps=6)
+        >>> [float(sched(t)) for t in (0, 1, 2, 4, 6, 9)]
+        [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
+
+    References:
+        optax.warmup_cosine_decay_schedule. Loshchilov & Hutter, "SGDR:
+        Stochastic Gradient Descent with Warm Restarts", ICLR 2017.
+        https://arxiv.org/abs/1608.03983
+    """
+
+    def __init__(self, init_value, peak_value, warmup_steps, decay_steps, end_value=0.0, exponent=1.0):
+        call = "warmup_cosine_decay"
+        warmup_steps = _nonnegative_int(call, "warmup_steps", warmup_steps)
+        decay_steps = check.positive_int(call, "decay_steps", decay_steps)
+        if decay_steps <= warmup_steps:
+            check._fail(call, "decay_steps", decay_steps, f"must be greater than warmup_steps={warmup_steps}")
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  peak_value=check.real(call, "peak_value", peak_value), warmup_steps=warmup_steps,
+                  decay_steps=decay_steps, end_value=check.real(call, "end_value", end_value),
+                  exponent=check.positive(call, "exponent", exponent))
+
+    def __call__(self, count):
+        t, peak, end, warmup = _real(count), _real(self.peak_value), _real(self.end_value), _real(self.warmup_steps)
+        alpha = jnp.where(peak == 0, 0.0, end / jnp.where(peak == 0, 1.0, peak))
+        decay = _cosine(t - warmup, peak, _real(self.decay_steps) - warmup, alpha, _real(self.exponent))
+        return jnp.where(t < warmup, _warmup(t, _real(self.init_value), peak, warmup), decay)
+
+
+class warmup_exponential_decay(Schedule):
+    """Linear warmup from ``init_value`` to ``peak_value``, then exponential decay.
+
+    Formula, with ``w = warmup_steps``::
+
+        η(t) = init_value + (peak_value - init_value) · t/w    if t < w
+        η(t) = exponential_decay(peak_value, ...)(t - w)        otherwise
+
+    where the exponential decay takes ``decay_rate``, ``transition_steps``,
+    ``transition_begin``, ``staircase`` and ``end_value``.
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        peak_value: the value at the end of the warmup, any real number.
+            No default.
+        warmup_steps: the warmup steps, a non-negative integer. No default.
+        transition_steps: steps per factor of ``decay_rate``, a positive
+            integer. No default.
+        decay_rate: the factor per ``transition_steps`` steps, > 0. No default.
+        transition_begin: steps after the warmup before the decay begins, a
+            non-negative integer. Default: ``0``.
+        staircase: decay in whole steps of ``transition_steps``.
+            Default: ``False``.
+        end_value: the bound the value stops at (a floor when
+            ``decay_rate < 1``, a ceiling otherwise); None for no bound.
+            Default: ``None``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.warmup_exponential_decay(0.0, 1.0, warmup_steps=2, transition_steps=1, decay_rate=0.5)
+        >>> [float(sched(t)) for t in range(5)]
+        [0.0, 0.5, 1.0, 0.5, 0.25]
+
+    References:
+        optax.warmup_exponential_decay_schedule.
+    """
+
+    _static = ("staircase",)
+
+    def __init__(self, init_value, peak_value, warmup_steps, transition_steps, decay_rate, transition_begin=0,
+                 staircase=False, end_value=None):
+        call = "warmup_exponential_decay"
+        self._set(init_value=check.real(call, "init_value", init_value),
+                  peak_value=check.real(call, "peak_value", peak_value),
+                  warmup_steps=_nonnegative_int(call, "warmup_steps", warmup_steps),
+                  transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  decay_rate=check.positive(call, "decay_rate", decay_rate),
+                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
+                  staircase=check.flag(call, "staircase", staircase),
+                  end_value=None if end_value is None else check.real(call, "end_value", end_value))
+
+    def __call__(self, count):
+        t, peak, warmup = _real(count), _real(self.peak_value), _real(self.warmup_steps)
+        end = None if self.end_value is None else _real(self.end_value)
+        decay = _exponential(t - warmup, peak, _real(self.decay_rate), _real(self.transition_steps),
+                             _real(self.transition_begin), self.staircase, end)
+        return jnp.where(t < warmup, _warmup(t, _real(self.init_value), peak, warmup), decay)
+
+
+class join_schedules(Schedule):
+    """Runs ``schedules[0]``, then from each boundary the next schedule, restarted at 0.
+
+    Formula, with boundaries ``b1 <= b2 <= ...``::
+
+        η(t) = schedules[0](t)          if t < b1
+        η(t) = schedules[i](t - bi)     if bi <= t < b(i+1)
+
+    Args:
+        schedules: a non-empty sequence of schedules. Schedule objects are
+            pytree children; plain functions ``count -> value`` are static
+            structure and must be hashable. No default.
+        boundaries: one non-negative integer step per schedule after the
+            first, non-decreasing (pytree leaves). No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.join_schedules([uxs.constant(1.0), uxs.linear_decay(1.0, steps=4)], [2])
+        >>> [float(sched(t)) for t in range(7)]
+        [1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+
+    References:
+        optax.join_schedules.
+    """
+
+    def __init__(self, schedules, boundaries):
+        call = "join_schedules"
+        try:
+            schedules, boundaries = tuple(schedules), tuple(boundaries)
+        except TypeError:
+            check._fail(call, "schedules", schedules, "and boundaries must be sequences", TypeError)
+        if not schedules:
+            check._fail(call, "schedules", schedules, "must hold at least one schedule")
+        for fn in schedules:
+            if not callable(fn):
+                check._fail(call, "schedules", schedules, f"must hold callables, got {fn!r}", TypeError)
+            if not isinstance(fn, Schedule):
+                try:
+                    hash(fn)
+                except TypeError:
+                    check._fail(call, "schedules", schedules, f"must hold hashable functions, got {fn!r}", TypeError)
+        if len(boundaries) != len(schedules) - 1:
+            check._fail(call, "boundaries", boundaries,
+                        f"must hold len(schedules) - 1 = {len(schedules) - 1} steps")
+        boundaries = tuple(_nonnegative_int(call, "boundaries", b) for b in boundaries)
+        if list(boundaries) != sorted(boundaries):
+            check._fail(call, "boundaries", boundaries, "must be non-decreasing")
+        self._set(schedules=tuple(fn if isinstance(fn, Schedule) else _Function(fn) for fn in schedules),
+                  boundaries=boundaries)
+
+    def __call__(self, count):
+        count = jnp.asarray(count)
+        value = _real(self.schedules[0](count))
+        for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
+            value = jnp.where(count < boundary, value, _real(schedule(count - boundary)))
+        return value
+
+
+class sgdr(Schedule):
+    """SGD with warm restarts: a sequence of warmup-cosine cycles, each starting at step 0.
+
+    Formula: cycle ``i`` is ``warmup_cosine_decay(**cosine_kwargs[i])`` and
+    runs for its ``decay_steps`` steps; the last one holds its ``end_value``
+    after::
+
+        η(t) = cycle_i(t - Ti),   Ti = decay_steps of the cycles before i
+
+    Args:
+        cosine_kwargs: a non-empty sequence of cycles, each a dict of
+            :class:`warmup_cosine_decay` options or a ``warmup_cosine_decay``
+            object. No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32) that holds the cycles as
+        ``warmup_cosine_decay`` objects.
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> cycle = dict(init_value=0.0, peak_value=1.0, warmup_steps=1, decay_steps=3)
+        >>> sched = uxs.sgdr([cycle, cycle])
+        >>> [float(sched(t)) for t in range(7)]
+        [0.0, 1.0, 0.5, 0.0, 1.0, 0.5, 0.0]
+
+    References:
+        Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
+        Restarts", ICLR 2017. https://arxiv.org/abs/1608.03983
+    """
+
+    def __init__(self, cosine_kwargs):
+        call = "sgdr"
+        cycles = tuple(cosine_kwargs) if isinstance(cosine_kwargs, (list, tuple)) else ()
+        if not cycles:
+            check._fail(call, "cosine_kwargs", cosine_kwargs, "must be a non-empty list of cycles")
+        for cycle in cycles:
+            if not isinstance(cycle, (dict, warmup_cosine_decay)):
+                check._fail(call, "cosine_kwargs", cosine_kwargs,
+                            "must hold dicts of warmup_cosine_decay options or warmup_cosine_decay objects",
+                            TypeError)
+        self._set(cosine_kwargs=tuple(c if isinstance(c, warmup_cosine_decay) else warmup_cosine_decay(**c)
+                                      for c in cycles))
+
+    def __call__(self, count):
+        count = jnp.asarray(count)
+        cycles = self.cosine_kwargs
+        value, begin = cycles[0](count), 0
+        for previous, cycle in zip(cycles, cycles[1:]):
+            begin = begin + previous.decay_steps
+            value = jnp.where(count < begin, value, cycle(count - begin))
+        return value
