@@ -27,6 +27,9 @@ ENTRIES = {
     "scale_by_stddev": lambda: ux.scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0),
     "scale_by_schedule": lambda: ux.scale_by_schedule(_halving),
     "scale_by_state": lambda: ux.scale_by_state(-0.1),
+    "scale_by_learning_rate": lambda: ux.scale_by_learning_rate(0.1),
+    "reduce_on_plateau": lambda: ux.reduce_on_plateau(factor=0.5, patience=2, rtol=1e-4, atol=0.0, cooldown=1,
+                                                      accumulation_size=1, min_scale=0.01),
     "scale_by_trust_ratio": lambda: ux.scale_by_trust_ratio(min_norm=0.0, trust_coefficient=0.5, eps=1e-6),
     "scale_by_yogi": lambda: ux.scale_by_yogi(initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3,
                                               eps_root=0.0),
@@ -42,6 +45,10 @@ ENTRIES = {
 
 #: Entries whose ``update`` needs ``params``.
 NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights"}
+
+#: Entries with no per-param state and no params argument: they accept any update tree.
+ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
+            "scale_by_learning_rate", "reduce_on_plateau"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm"}

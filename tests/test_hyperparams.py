@@ -84,3 +84,34 @@ def test_a_scheduled_stage_keeps_the_jitted_step_compiled_once():
     for _ in range(3):
         _, state = step(opt, g, state)
     assert len(traces) == 1 and int(opt.get_state(state, "clip").count) == 3
+
+
+@pytest.mark.parametrize("cooldown, accumulation_size", [(0, 1), (2, 1), (1, 3)])
+def test_reduce_on_plateau_matches_optax(cooldown, accumulation_size):
+    options = dict(factor=0.5, patience=2, rtol=1e-3, atol=0.01, cooldown=cooldown,
+                   accumulation_size=accumulation_size, min_scale=0.05)
+    opt = ux.reduce_on_plateau(**options)
+    ref = optax.contrib.reduce_on_plateau(**options)
+    g = {"w": jnp.array([1.0, -2.0]), "b": [jnp.asarray(0.5)]}
+    s1, s2 = opt.init(g), ref.init(g)
+    step, ref_step = jax.jit(opt.update), jax.jit(ref.update)
+    losses = [5.0, 4.0, 4.0, 3.999, 4.1, 4.0, 4.0, 4.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0,
+              2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    scales = []
+    for loss in losses:
+        u1, s1 = step(g, s1, loss=jnp.asarray(loss))
+        u2, s2 = ref_step(g, s2, value=jnp.asarray(loss))
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            np.testing.assert_allclose(x, y, rtol=1e-6)
+        scales.append(float(opt.get_state(s1, "reduce_on_plateau.scale")))
+        assert int(s1[0].plateau_count) == int(s2.plateau_count)
+        assert int(s1[0].cooldown_count) == int(s2.cooldown_count)
+    assert len(set(scales)) >= 2
+    if accumulation_size == 1:
+        assert scales[-1] == pytest.approx(0.05)  # reached min_scale
+
+
+def test_reduce_on_plateau_asks_for_the_loss_by_name():
+    opt = ux.reduce_on_plateau()
+    with pytest.raises(ValueError, match=r"reduce_on_plateau needs the loss: call update\(updates, state, params, loss=loss\)"):
+        opt.update({"w": jnp.ones(1)}, opt.init(None))

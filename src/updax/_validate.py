@@ -80,6 +80,15 @@ def positive_int(call, name, value):
     return int(value)
 
 
+def integer(call, name, value, low=0):
+    """A Python integer >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        _fail(call, name, value, f"must be an integer >= {low}", TypeError)
+    if value < low:
+        _fail(call, name, value, f"must be an integer >= {low}")
+    return int(value)
+
+
 def flag(call, name, value):
     if not isinstance(value, bool):
         _fail(call, name, value, "must be True or False", TypeError)

@@ -8,6 +8,7 @@ of every update object (``parent.scale(0.1)``).
 
 from updax._core import apply_updates, combinator, compose, identity, stateful, stateless
 from updax.updates._accumulation import accumulate_gradients, trace
+from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._noise_decay import add_decayed_weights, add_noise
 from updax.updates._scaling import (
@@ -36,9 +37,11 @@ __all__ = [
     "compose",
     "global_norm",
     "identity",
+    "reduce_on_plateau",
     "scale",
     "scale_by_adam",
     "scale_by_belief",
+    "scale_by_learning_rate",
     "scale_by_radam",
     "scale_by_rms",
     "scale_by_rss",

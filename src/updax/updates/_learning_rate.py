@@ -1,0 +1,153 @@
+"""Learning rates: a fixed or scheduled descent step, and lowering it when the loss plateaus."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._core import combinator, stateful, stateless
+
+
+def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
+    def leaf(g):
+        c = _tree.compute_dtype(g.dtype)
+        return (-(g.astype(c) * learning_rate)).astype(g.dtype)
+
+    return jax.tree.map(leaf, updates)
+
+
+@combinator
+def scale_by_learning_rate(learning_rate):
+    """Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
+
+    Update rule: ``u ← -η·u``, where ``η`` is a number or a schedule
+    ``count -> η``. With a schedule, the value used on the last step is
+    readable as ``opt.get_state(state, "scale_by_learning_rate.learning_rate")``
+    (with a number, the same call returns the number).
+
+    Args:
+        learning_rate: ``η``, a real number or a schedule. No default.
+
+    Returns:
+        A stateless update object (with a ``ScheduledState`` when ``η`` is a
+        schedule).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_learning_rate(0.1)
+        >>> opt.update({"w": jnp.array([2.0])}, opt.init(None))[0]["w"]
+        Array([-0.2], dtype=float32)
+
+    References:
+        Polaris.Optimizers' ``scale_by_learning_rate`` helper; optax's
+        ``scale_by_learning_rate``.
+    """
+    learning_rate = check.real("scale_by_learning_rate", "learning_rate", learning_rate)
+    return stateless(_apply_scale_by_learning_rate, name="scale_by_learning_rate",
+                     options=dict(learning_rate=learning_rate))
+
+
+class ReduceOnPlateauState(NamedTuple):
+    """The current factor ``scale`` and the bookkeeping of the plateau rule."""
+
+    scale: jax.Array
+    best_loss: jax.Array
+    plateau_count: jax.Array
+    cooldown_count: jax.Array
+    count: jax.Array
+    avg_loss: jax.Array
+
+
+def _init_reduce_on_plateau(params):
+    zero = _tree.zero_count()
+    return ReduceOnPlateauState(scale=jnp.ones([], jnp.float32), best_loss=jnp.full([], jnp.inf, jnp.float32),
+                                plateau_count=zero, cooldown_count=zero, count=zero,
+                                avg_loss=jnp.zeros([], jnp.float32))
+
+
+def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, atol, cooldown,
+                             accumulation_size, min_scale, loss=None):
+    if loss is None:
+        raise ValueError("reduce_on_plateau needs the loss: call update(updates, state, params, loss=loss)")
+    count = _tree.safe_increment(state.count)
+    avg = (state.count.astype(jnp.float32) * state.avg_loss + jnp.asarray(loss, jnp.float32)) / count.astype(jnp.float32)
+    evaluate = count >= accumulation_size
+
+    improved = avg < (1 - rtol) * state.best_loss - atol
+    best = jnp.where(improved, avg, state.best_loss)
+    plateau = jnp.where(improved, 0, _tree.safe_increment(state.plateau_count))
+    cooling = state.cooldown_count > 0
+    hit = (~cooling) & (plateau >= patience)
+    scale = jnp.where(hit, jnp.maximum(state.scale * factor, min_scale), state.scale)
+    plateau = jnp.where(cooling | hit, 0, plateau)
+    cooldown_count = jnp.where(cooling, state.cooldown_count - 1, jnp.where(hit, cooldown, 0))
+
+    new = ReduceOnPlateauState(scale=scale.astype(jnp.float32), best_loss=best, plateau_count=plateau,
+                               cooldown_count=cooldown_count.astype(jnp.int32), count=jnp.zeros_like(count),
+                               avg_loss=jnp.zeros_like(avg))
+    waiting = state._replace(count=count, avg_loss=avg)
+    new = jax.tree.map(lambda a, b: jnp.where(evaluate, a, b), new, waiting)
+
+    def leaf(g):
+        c = _tree.compute_dtype(g.dtype)
+        return (g.astype(c) * new.scale).astype(g.dtype)
+
+    return jax.tree.map(leaf, updates), new
+
+
+@combinator
+def reduce_on_plateau(factor=0.1, patience=10, rtol=1e-4, atol=0.0, cooldown=0, accumulation_size=1,
+                      min_scale=0.0):
+    """Multiplies updates by a factor that drops when the reported loss stops improving.
+
+    Pass the loss to every call: ``opt.update(grads, state, params, loss=loss)``
+    (stages that take no extra keywords ignore it). The loss is averaged over
+    ``accumulation_size`` calls; each average that is not below
+    ``(1 - rtol)·best - atol`` counts toward the plateau, and after
+    ``patience`` such averages the scale is multiplied by ``factor`` (floored
+    at ``min_scale``), then rests for ``cooldown`` averages.
+
+    Update rule: ``u ← s·u`` with ``s`` the current scale (1 at the start).
+
+    Args:
+        factor: the multiplier applied on a plateau, in [0, 1]. Default: ``0.1``.
+        patience: averages without improvement before lowering, an integer >= 1.
+            Default: ``10``.
+        rtol: relative improvement needed, >= 0. Default: ``0.0001``.
+        atol: absolute improvement needed, >= 0. Default: ``0.0``.
+        cooldown: averages to wait after lowering, an integer >= 0. Default: ``0``.
+        accumulation_size: calls averaged per evaluation, an integer >= 1.
+            Default: ``1``.
+        min_scale: the lowest scale, >= 0. Default: ``0.0``.
+
+    Returns:
+        An update object with state ``ReduceOnPlateauState(scale, best_loss,
+        plateau_count, cooldown_count, count, avg_loss)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_learning_rate(0.1).reduce_on_plateau(factor=0.5, patience=2)
+        >>> g = {"w": jnp.ones(1)}
+        >>> state = opt.init(g)
+        >>> for loss in [3.0, 2.0, 2.0, 2.0, 2.0, 2.0]:  # two plateaus of 2
+        ...     u, state = opt.update(g, state, loss=loss)
+        >>> opt.get_state(state, "reduce_on_plateau.scale"), u["w"]
+        (Array(0.25, dtype=float32), Array([-0.025], dtype=float32))
+
+    References:
+        PyTorch's ``ReduceLROnPlateau``; optax.contrib.reduce_on_plateau.
+    """
+    call = "reduce_on_plateau"
+    options = dict(factor=check.real(call, "factor", factor, 0.0, 1.0),
+                   patience=check.integer(call, "patience", patience, 1),
+                   rtol=check.nonnegative(call, "rtol", rtol), atol=check.nonnegative(call, "atol", atol),
+                   cooldown=check.integer(call, "cooldown", cooldown, 0),
+                   accumulation_size=check.integer(call, "accumulation_size", accumulation_size, 1),
+                   min_scale=check.nonnegative(call, "min_scale", min_scale))
+    return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name=call, options=options)
