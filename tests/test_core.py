@@ -361,3 +361,19 @@ def test_user_options_that_are_trees_of_numbers_are_leaves():
     assert len(traces) == 1
     with pytest.raises(TypeError, match=r"affine\(names=\['a'\]\): an option must be a number"):
         ux.stateless(_betas_kernel, name="affine", options={"names": ["a"]})
+
+
+def test_a_user_combinator_cannot_take_over_a_catalogue_name():
+    def scale(x):
+        return ux.stateless(_double, name="myscale")
+
+    with pytest.raises(ValueError, match=r"cannot register combinator 'scale' .*updax.updates._scaling.scale already"):
+        ux.combinator(scale)
+    assert repr(ux.clip().scale(3.0)) == "clip(delta=2.0) |> scale(step_size=3.0)"
+
+
+def test_a_missing_key_is_named_as_missing():
+    opt = ux.scale_by_adam()
+    state = opt.init({"b": jnp.zeros(1), "w": jnp.zeros(1)})
+    with pytest.raises(ValueError, match=r"\['b'\] is in state.mu but not in updates"):
+        opt.update({"w": jnp.zeros(1)}, state)

@@ -544,8 +544,15 @@ def combinator(factory=None, *, wraps: bool = False, name: str | None = None):
                 raise TypeError(f"combinator {fname} returned {type(made).__name__}, not an update object")
             return made if parent is None else compose(parent, made)
 
-        if fname not in _REGISTRY and hasattr(Update, fname):
+        previous = _REGISTRY.get(fname)
+        if previous is None and hasattr(Update, fname):
             raise ValueError(f"cannot register combinator {fname!r}: it would hide Update.{fname}")
+        origin = (factory.__module__, factory.__qualname__)
+        if previous is not None and (previous.__module__, previous.__qualname__) != origin:
+            # Re-running the same definition (a reloaded module, a notebook cell) replaces it;
+            # another definition must not silently take over a name everyone's pipelines use.
+            raise ValueError(f"cannot register combinator {fname!r} from {origin[0]}: "
+                             f"{previous.__module__}.{previous.__qualname__} already has that name")
 
         def method(self, *args, **kwargs):
             return build(self, *args, **kwargs)

@@ -15,13 +15,12 @@ def _paths(tree):
 def first_difference(a, b, a_name: str, b_name: str) -> str:
     """Describes where two pytrees first differ, by path."""
     pa, pb = _paths(a), _paths(b)
-    for x, y in zip(pa, pb):
-        if x != y:
-            return f"first difference at {x or '<root>'} in {a_name} vs {y or '<root>'} in {b_name}"
-    if len(pa) > len(pb):
-        return f"{pa[len(pb)] or '<root>'} is in {a_name} but not in {b_name}"
-    if len(pb) > len(pa):
-        return f"{pb[len(pa)] or '<root>'} is in {b_name} but not in {a_name}"
+    only_a = [p for p in pa if p not in set(pb)]
+    only_b = [p for p in pb if p not in set(pa)]
+    if only_a:
+        return f"{only_a[0] or '<root>'} is in {a_name} but not in {b_name}"
+    if only_b:
+        return f"{only_b[0] or '<root>'} is in {b_name} but not in {a_name}"
     return (
         f"same leaf paths, different containers: {a_name} is {jax.tree.structure(a)}, "
         f"{b_name} is {jax.tree.structure(b)}"

@@ -1,6 +1,10 @@
 """Ready-made optimizers, each one readable expression over :mod:`updax.updates`.
 
-Filled by the optimizers issue (Axon's set and the modern set).
+Learning rate first (a number or a schedule), Axon 0.3's defaults, and the
+other options under Axon's names. ``print(ux.optimizers.lamb(1e-2))`` shows
+the pipeline.
 """
 
-__all__: list[str] = []
+from updax._optimizers import adabelief, adagrad, adam, adamw, lamb, noisy_sgd, radam, rmsprop, sgd, yogi
+
+__all__ = ["adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi"]
