@@ -203,7 +203,7 @@ class Stage:
             values, state = self._values(outer.count), outer.state
         else:
             values = dict(self.options)
-        kwargs = self._kwargs(self.apply_fn, {**values, **extra})
+        kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         if self.init_fn is None:
             updates = self.apply_fn(updates, params, **kwargs)
         else:

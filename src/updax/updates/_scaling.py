@@ -76,6 +76,21 @@ def _adam_like_init(params, mu_dtype, nu_dtype, mu_fill=0.0, nu_fill=0.0):
     )
 
 
+def _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype, **more):
+    """The validated options of an Adam-like stage, in Axon's order (``more`` after ``eps_root``)."""
+    return dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
+                **more, mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+
+
+def _adam_like_update(call, leaf, updates, state, count):
+    """Runs ``leaf(g, mu, nu) -> (u, mu, nu)`` over the tree: the shared body of the Adam-like kernels."""
+    u, mu, nu = _tree.tree_map_unzip(call, leaf, 3, updates, state.mu, state.nu,
+                                     names=("updates", "state.mu", "state.nu"))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+
+
 # --------------------------------------------------------------------------
 # Fixed, scheduled and tunable step sizes
 
@@ -213,9 +228,7 @@ def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
         u = (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
         return u.astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_adam", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_adam", leaf, updates, state, count)
 
 
 @combinator
@@ -255,10 +268,7 @@ def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, *, mu_dtype=None, 
         https://arxiv.org/abs/1412.6980
     """
     call = "scale_by_adam"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
     return stateful(_adam_like_init, _apply_scale_by_adam, name=call, options=options)
 
 
@@ -274,9 +284,7 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root):
         u = (m / c1) / (jnp.sqrt(s / c2) + eps)
         return u.astype(g.dtype), m.astype(m0.dtype), s.astype(s0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_belief", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_belief", leaf, updates, state, count)
 
 
 @combinator
@@ -313,10 +321,7 @@ def scale_by_belief(b1=0.9, b2=0.999, eps=0.0, eps_root=1e-16, *, mu_dtype=None,
         in Observed Gradients", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
     call = "scale_by_belief"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
     return stateful(_adam_like_init, _apply_scale_by_belief, name=call, options=options)
 
 
@@ -341,9 +346,7 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
         u = jnp.where(rectified, r * m_hat / (jnp.sqrt(v / c2 + eps_root) + eps), m_hat)
         return u.astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_radam", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_radam", leaf, updates, state, count)
 
 
 @combinator
@@ -384,11 +387,8 @@ def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *, m
         ICLR 2020. https://arxiv.org/abs/1908.03265
     """
     call = "scale_by_radam"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   threshold=check.real(call, "threshold", threshold),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
+                            threshold=check.real(call, "threshold", threshold))
     return stateful(_adam_like_init, _apply_scale_by_radam, name=call, options=options)
 
 
@@ -411,9 +411,7 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
         u = (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
         return u.astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_yogi", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_yogi", leaf, updates, state, count)
 
 
 @combinator
@@ -455,10 +453,7 @@ def scale_by_yogi(initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3, ep
     call = "scale_by_yogi"
     options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
                                                                 initial_accumulator_value),
-                   b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+                   **_adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype))
     return stateful(_init_scale_by_yogi, _apply_scale_by_yogi, name=call, options=options)
 
 
