@@ -115,3 +115,19 @@ def test_reduce_on_plateau_asks_for_the_loss_by_name():
     opt = ux.reduce_on_plateau()
     with pytest.raises(ValueError, match=r"reduce_on_plateau needs the loss: call update\(updates, state, params, loss=loss\)"):
         opt.update({"w": jnp.ones(1)}, opt.init(None))
+
+
+def test_a_schedule_object_in_scale_by_schedule_is_a_leaf_not_evaluated_by_the_stage():
+    traces = []
+
+    @jax.jit
+    def step(opt, g, state):
+        traces.append(1)
+        return opt.update(g, state)
+
+    g = {"w": jnp.ones(1)}
+    for init_value in [0.1, 0.2]:
+        opt = ux.scale_by_schedule(ux.schedules.cosine_decay(init_value, decay_steps=10))
+        u, _ = step(opt, g, opt.init(g))
+        np.testing.assert_allclose(u["w"], init_value, rtol=1e-6)
+    assert len(traces) == 1

@@ -127,13 +127,15 @@ class Stage:
     passed by keyword to each kernel that names them in its signature.
     ``wraps`` names the option holding the pipeline a wrapper stage runs (its
     state lives in the state field of the same name). An option whose value
-    is callable (and not named in ``static``) is a schedule: the stage
-    evaluates it at its own step count and the kernels see the number.
+    is callable is a schedule: the stage evaluates it at its own step count
+    and the kernels see the number, unless the option is named in
+    ``callables`` (the kernels get the function) or ``static``.
     """
 
     __slots__ = ("name", "init_fn", "apply_fn", "options", "dynamic", "scheduled", "needs_params", "wraps")
 
-    def __init__(self, name, init_fn, apply_fn, options=(), *, needs_params=False, wraps=None, static=()):
+    def __init__(self, name, init_fn, apply_fn, options=(), *, needs_params=False, wraps=None, static=(),
+                 callables=()):
         options = tuple(dict(options).items())
         for key, value in options:
             if not _is_dynamic(value) and key not in static:
@@ -147,7 +149,8 @@ class Stage:
         if wraps is not None and not isinstance(dict(options).get(wraps), Update):
             raise TypeError(f"{name}: option {wraps!r} must be an update object")
         dynamic = frozenset(k for k, v in options if _is_dynamic(v) and k not in static)
-        scheduled = frozenset(k for k, v in options if callable(v) and not isinstance(v, Update) and k not in static)
+        scheduled = frozenset(k for k, v in options if callable(v) and not isinstance(v, Update)
+                              and k not in static and k not in callables)
         self._set(name, init_fn, apply_fn, options, dynamic, scheduled, needs_params, wraps)
 
     def _set(self, *values):
@@ -575,7 +578,7 @@ def _check_callable(call, name, fn):
 
 
 @combinator
-def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=()):
+def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=(), callables=()):
     """A stage without state.
 
     Args:
@@ -591,6 +594,9 @@ def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=(
         static: option names passed to the kernels as they are: kept static
             even when numeric, and not evaluated as schedules when callable.
             Default: ``()``.
+        callables: option names whose callable values the kernels get as
+            functions, not evaluated as schedules (a schedule object there
+            still has its numbers as leaves). Default: ``()``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -607,11 +613,13 @@ def stateless(apply_fn, *, name=None, options=None, needs_params=False, static=(
         {'w': Array([-1.], dtype=float32)}
     """
     _check_callable("stateless", "apply_fn", apply_fn)
-    return Update((Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static),))
+    stage = Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static, callables=callables)
+    return Update((stage,))
 
 
 @combinator
-def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, static=(), wraps=None):
+def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, static=(), callables=(),
+             wraps=None):
     """A stage with state.
 
     Args:
@@ -629,6 +637,9 @@ def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, 
         static: option names passed to the kernels as they are: kept static
             even when numeric, and not evaluated as schedules when callable.
             Default: ``()``.
+        callables: option names whose callable values the kernels get as
+            functions, not evaluated as schedules (a schedule object there
+            still has its numbers as leaves). Default: ``()``.
         wraps: the option holding a pipeline this stage runs; its state must
             be stored in the state field of the same name. Default: ``None``.
 
@@ -654,7 +665,8 @@ def stateful(init_fn, apply_fn, *, name=None, options=None, needs_params=False, 
     """
     _check_callable("stateful", "init_fn", init_fn)
     _check_callable("stateful", "apply_fn", apply_fn)
-    stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static, wraps=wraps)
+    stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static,
+                  callables=callables, wraps=wraps)
     return Update((stage,))
 
 

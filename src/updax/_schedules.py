@@ -160,6 +160,21 @@ class _Function(Schedule):
 # Validation helpers not in _validate
 
 
+def _number(call, name, value, lo=None, hi=None, **kwargs):
+    """``check.real``, but a schedule's own options are numbers, never schedules."""
+    if callable(value):
+        check._fail(call, name, value, "must be a real number", TypeError)
+    return check.real(call, name, value, lo, hi, **kwargs)
+
+
+def _positive(call, name, value):
+    return _number(call, name, value, 0.0, lo_open=True)
+
+
+def _nonnegative(call, name, value):
+    return _number(call, name, value, 0.0)
+
+
 def _nonnegative_int(call, name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         check._fail(call, name, value, "must be a non-negative integer", TypeError)
@@ -255,7 +270,7 @@ class constant(Schedule):
     """
 
     def __init__(self, init_value):
-        self._set(init_value=check.real("constant", "init_value", init_value))
+        self._set(init_value=_number("constant", "init_value", init_value))
 
     def __call__(self, count):
         return jnp.broadcast_to(_real(self.init_value), jnp.shape(count))
@@ -304,12 +319,12 @@ class exponential_decay(Schedule):
     def __init__(self, init_value, *, decay_rate=0.95, transition_steps=10, transition_begin=0,
                  staircase=False, end_value=None):
         call = "exponential_decay"
-        self._set(init_value=check.real(call, "init_value", init_value),
-                  decay_rate=check.positive(call, "decay_rate", decay_rate),
+        self._set(init_value=_number(call, "init_value", init_value),
+                  decay_rate=_positive(call, "decay_rate", decay_rate),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
                   transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
                   staircase=check.flag(call, "staircase", staircase),
-                  end_value=None if end_value is None else check.real(call, "end_value", end_value))
+                  end_value=None if end_value is None else _number(call, "end_value", end_value))
 
     def __call__(self, count):
         end = None if self.end_value is None else _real(self.end_value)
@@ -350,9 +365,9 @@ class cosine_decay(Schedule):
 
     def __init__(self, init_value, *, decay_steps=10, alpha=0.0):
         call = "cosine_decay"
-        self._set(init_value=check.real(call, "init_value", init_value),
+        self._set(init_value=_number(call, "init_value", init_value),
                   decay_steps=check.positive_int(call, "decay_steps", decay_steps),
-                  alpha=check.real(call, "alpha", alpha, 0.0, 1.0))
+                  alpha=_number(call, "alpha", alpha, 0.0, 1.0))
 
     def __call__(self, count):
         return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha))
@@ -391,9 +406,9 @@ class polynomial_decay(Schedule):
 
     def __init__(self, init_value, *, end_value=1e-3, power=2.0, transition_steps=10, transition_begin=0):
         call = "polynomial_decay"
-        self._set(init_value=check.real(call, "init_value", init_value),
-                  end_value=check.real(call, "end_value", end_value),
-                  power=check.positive(call, "power", power),
+        self._set(init_value=_number(call, "init_value", init_value),
+                  end_value=_number(call, "end_value", end_value),
+                  power=_positive(call, "power", power),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
                   transition_begin=_nonnegative_int(call, "transition_begin", transition_begin))
 
@@ -428,7 +443,7 @@ class linear_decay(Schedule):
     Example:
         >>> import updax.schedules as uxs
         >>> sched = uxs.linear_decay(1.0, warmup=2, steps=6)
-        >>> [float(sched(t)) for t in range(8)]
+        >>> [round(float(sched(t)), 4) for t in range(8)]
         [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
 
     References:
@@ -441,7 +456,7 @@ class linear_decay(Schedule):
         warmup = _nonnegative_int(call, "warmup", warmup)
         if warmup > steps:
             check._fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
-        self._set(init_value=check.real(call, "init_value", init_value), warmup=warmup, steps=steps)
+        self._set(init_value=_number(call, "init_value", init_value), warmup=warmup, steps=steps)
 
     def __call__(self, count):
         t, warmup, steps = _real(count), _real(self.warmup), _real(self.steps)
@@ -478,7 +493,7 @@ class piecewise_constant(Schedule):
     Example:
         >>> import updax.schedules as uxs
         >>> sched = uxs.piecewise_constant(0.1, {4: 1.0, 8: 2.0})
-        >>> [float(sched(t)) for t in range(10)]
+        >>> [round(float(sched(t)), 4) for t in range(10)]
         [0.1, 0.1, 0.1, 0.1, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0]
 
     References:
@@ -488,9 +503,9 @@ class piecewise_constant(Schedule):
 
     def __init__(self, init_value, boundaries_and_values):
         call = "piecewise_constant"
-        self._set(init_value=check.real(call, "init_value", init_value),
+        self._set(init_value=_number(call, "init_value", init_value),
                   boundaries_and_values=_boundaries(call, "boundaries_and_values", boundaries_and_values,
-                                                    check.real))
+                                                    _number))
 
     def __call__(self, count):
         t = _real(count)
@@ -538,10 +553,10 @@ class piecewise_interpolate(Schedule):
         call = "piecewise_interpolate"
         if interpolate_type not in ("linear", "cosine"):
             check._fail(call, "interpolate_type", interpolate_type, "must be 'linear' or 'cosine'")
-        self._set(interpolate_type=interpolate_type, init_value=check.real(call, "init_value", init_value),
+        self._set(interpolate_type=interpolate_type, init_value=_number(call, "init_value", init_value),
                   boundaries_and_scales=_boundaries(call, "boundaries_and_scales",
                                                     {} if boundaries_and_scales is None else boundaries_and_scales,
-                                                    check.nonnegative))
+                                                    _nonnegative))
 
     def __call__(self, count):
         steps, scales = zip(*sorted(self.boundaries_and_scales.items())) if self.boundaries_and_scales else ((), ())
@@ -577,7 +592,7 @@ class linear_onecycle(Schedule):
         >>> import updax.schedules as uxs
         >>> sched = uxs.linear_onecycle(10, 1.0, pct_start=0.2, pct_final=0.6, div_factor=4.0,
         ...                             final_div_factor=10.0)
-        >>> [float(sched(t)) for t in (0, 1, 2, 4, 6, 10)]
+        >>> [round(float(sched(t)), 4) for t in (0, 1, 2, 4, 6, 10)]
         [0.25, 0.625, 1.0, 0.625, 0.25, 0.025]
 
     References:
@@ -591,12 +606,12 @@ class linear_onecycle(Schedule):
     def __init__(self, transition_steps, peak_value, pct_start=0.3, pct_final=0.85, div_factor=25.0,
                  final_div_factor=1e4):
         call = "linear_onecycle"
-        pct_start = float(check.real(call, "pct_start", pct_start, 0.0, 1.0))
+        pct_start = float(_number(call, "pct_start", pct_start, 0.0, 1.0))
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  peak_value=check.real(call, "peak_value", peak_value), pct_start=pct_start,
-                  pct_final=float(check.real(call, "pct_final", pct_final, pct_start, 1.0)),
-                  div_factor=check.positive(call, "div_factor", div_factor),
-                  final_div_factor=check.positive(call, "final_div_factor", final_div_factor))
+                  peak_value=_number(call, "peak_value", peak_value), pct_start=pct_start,
+                  pct_final=float(_number(call, "pct_final", pct_final, pct_start, 1.0)),
+                  div_factor=_positive(call, "div_factor", div_factor),
+                  final_div_factor=_positive(call, "final_div_factor", final_div_factor))
 
     def __call__(self, count):
         steps = self.transition_steps
@@ -643,10 +658,10 @@ class cosine_onecycle(Schedule):
     def __init__(self, transition_steps, peak_value, pct_start=0.3, div_factor=25.0, final_div_factor=1e4):
         call = "cosine_onecycle"
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  peak_value=check.real(call, "peak_value", peak_value),
-                  pct_start=float(check.real(call, "pct_start", pct_start, 0.0, 1.0)),
-                  div_factor=check.positive(call, "div_factor", div_factor),
-                  final_div_factor=check.positive(call, "final_div_factor", final_div_factor))
+                  peak_value=_number(call, "peak_value", peak_value),
+                  pct_start=float(_number(call, "pct_start", pct_start, 0.0, 1.0)),
+                  div_factor=_positive(call, "div_factor", div_factor),
+                  final_div_factor=_positive(call, "final_div_factor", final_div_factor))
 
     def __call__(self, count):
         steps = self.transition_steps
@@ -688,7 +703,7 @@ class warmup_cosine_decay(Schedule):
     Example:
         >>> import updax.schedules as uxs
         >>> sched = uxs.warmup_cosine_decay(0.0, 1.0, warmup_steps=2, decay_steps=6)
-        >>> [float(sched(t)) for t in (0, 1, 2, 4, 6, 9)]
+        >>> [round(float(sched(t)), 4) for t in (0, 1, 2, 4, 6, 9)]
         [0.0, 0.5, 1.0, 0.5, 0.0, 0.0]
 
     References:
@@ -703,10 +718,10 @@ class warmup_cosine_decay(Schedule):
         decay_steps = check.positive_int(call, "decay_steps", decay_steps)
         if decay_steps <= warmup_steps:
             check._fail(call, "decay_steps", decay_steps, f"must be greater than warmup_steps={warmup_steps}")
-        self._set(init_value=check.real(call, "init_value", init_value),
-                  peak_value=check.real(call, "peak_value", peak_value), warmup_steps=warmup_steps,
-                  decay_steps=decay_steps, end_value=check.real(call, "end_value", end_value),
-                  exponent=check.positive(call, "exponent", exponent))
+        self._set(init_value=_number(call, "init_value", init_value),
+                  peak_value=_number(call, "peak_value", peak_value), warmup_steps=warmup_steps,
+                  decay_steps=decay_steps, end_value=_number(call, "end_value", end_value),
+                  exponent=_positive(call, "exponent", exponent))
 
     def __call__(self, count):
         t, peak, end, warmup = _real(count), _real(self.peak_value), _real(self.end_value), _real(self.warmup_steps)
@@ -748,7 +763,7 @@ class warmup_exponential_decay(Schedule):
     Example:
         >>> import updax.schedules as uxs
         >>> sched = uxs.warmup_exponential_decay(0.0, 1.0, warmup_steps=2, transition_steps=1, decay_rate=0.5)
-        >>> [float(sched(t)) for t in range(5)]
+        >>> [round(float(sched(t)), 4) for t in range(5)]
         [0.0, 0.5, 1.0, 0.5, 0.25]
 
     References:
@@ -760,14 +775,14 @@ class warmup_exponential_decay(Schedule):
     def __init__(self, init_value, peak_value, warmup_steps, transition_steps, decay_rate, transition_begin=0,
                  staircase=False, end_value=None):
         call = "warmup_exponential_decay"
-        self._set(init_value=check.real(call, "init_value", init_value),
-                  peak_value=check.real(call, "peak_value", peak_value),
+        self._set(init_value=_number(call, "init_value", init_value),
+                  peak_value=_number(call, "peak_value", peak_value),
                   warmup_steps=_nonnegative_int(call, "warmup_steps", warmup_steps),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  decay_rate=check.positive(call, "decay_rate", decay_rate),
+                  decay_rate=_positive(call, "decay_rate", decay_rate),
                   transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
                   staircase=check.flag(call, "staircase", staircase),
-                  end_value=None if end_value is None else check.real(call, "end_value", end_value))
+                  end_value=None if end_value is None else _number(call, "end_value", end_value))
 
     def __call__(self, count):
         t, peak, warmup = _real(count), _real(self.peak_value), _real(self.warmup_steps)
@@ -798,7 +813,7 @@ class join_schedules(Schedule):
     Example:
         >>> import updax.schedules as uxs
         >>> sched = uxs.join_schedules([uxs.constant(1.0), uxs.linear_decay(1.0, steps=4)], [2])
-        >>> [float(sched(t)) for t in range(7)]
+        >>> [round(float(sched(t)), 4) for t in range(7)]
         [1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
 
     References:
@@ -860,7 +875,7 @@ class sgdr(Schedule):
         >>> import updax.schedules as uxs
         >>> cycle = dict(init_value=0.0, peak_value=1.0, warmup_steps=1, decay_steps=3)
         >>> sched = uxs.sgdr([cycle, cycle])
-        >>> [float(sched(t)) for t in range(7)]
+        >>> [round(float(sched(t)), 4) for t in range(7)]
         [0.0, 1.0, 0.5, 0.0, 1.0, 0.5, 0.0]
 
     References:

@@ -209,7 +209,7 @@ def scale_by_schedule(schedule_fn):
     """
     schedule_fn = check.function("scale_by_schedule", "schedule_fn", schedule_fn)
     return stateful(_init_scale_by_schedule, _apply_scale_by_schedule, name="scale_by_schedule",
-                    options=dict(schedule_fn=schedule_fn), static=("schedule_fn",))
+                    options=dict(schedule_fn=schedule_fn), callables=("schedule_fn",))
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,475 @@
+"""Schedules: closed forms and optax parity, jit, no retracing, value semantics, errors, docs.
+
+Every parity case sets every option explicitly, runs counts 0..N (past the end
+of every schedule) and compares with a numpy closed form written here and
+with the optax schedule of the same meaning.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import pickle
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import updax as ux
+import updax.schedules as uxs
+from test_docs import _args_section
+
+N = 40
+T = np.arange(N + 1, dtype=np.float64)
+RTOL, ATOL = 1e-5, 1e-7
+
+
+@pytest.fixture(autouse=True)
+def strict_promotion():
+    """Schedules cast explicitly: an int32 count never meets a float by implicit promotion."""
+    with jax.numpy_dtype_promotion("strict"):
+        yield
+
+
+# --------------------------------------------------------------------------
+# numpy closed forms
+
+
+def np_warmup_cosine(t, init, peak, warmup, decay_steps, end, exponent):
+    k = decay_steps - warmup
+    c = 0.5 * (1 + np.cos(np.pi * np.minimum(t - warmup, k) / k))
+    return np.where(t < warmup, init + (peak - init) * t / max(warmup, 1), end + (peak - end) * c**exponent)
+
+
+def np_cosine_interp(t, xs, ys):
+    out = np.full_like(t, ys[-1])
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        inside = (x0 <= t) & (t < x1)
+        out[inside] = y1 + (y0 - y1) / 2 * (np.cos(np.pi * (t[inside] - x0) / (x1 - x0)) + 1)
+    return out
+
+
+def np_exponential(t, init, rate, steps, begin, staircase, end, floor):
+    p = (t - begin) / steps
+    p = np.floor(p) if staircase else p
+    value = np.where(t - begin <= 0, init, init * rate**p)
+    return value if end is None else (np.maximum if floor else np.minimum)(value, end)
+
+
+CYCLES = [
+    dict(init_value=0.0, peak_value=1.0, warmup_steps=2, decay_steps=10, end_value=0.0, exponent=1.0),
+    dict(init_value=0.1, peak_value=0.5, warmup_steps=0, decay_steps=12, end_value=0.05, exponent=1.0),
+    dict(init_value=0.2, peak_value=0.4, warmup_steps=3, decay_steps=8, end_value=0.01, exponent=2.0),
+]
+
+
+def np_sgdr(t):
+    out, begin = np.zeros_like(t), 0
+    for c in CYCLES:
+        values = np_warmup_cosine(t - begin, c["init_value"], c["peak_value"], c["warmup_steps"],
+                                  c["decay_steps"], c["end_value"], c["exponent"])
+        out = np.where(t >= begin, values, out)
+        begin += c["decay_steps"]
+    return out
+
+
+def _plain_halving(count):
+    return 0.5 ** jnp.asarray(count, jnp.float32)
+
+
+# name: (updax schedule, optax schedule, closed form of T)
+CASES = {
+    "constant": (
+        lambda: uxs.constant(0.3),
+        lambda: optax.constant_schedule(0.3),
+        lambda t: np.full_like(t, 0.3)),
+    "exponential_decay": (
+        lambda: uxs.exponential_decay(0.5, decay_rate=0.8, transition_steps=3, transition_begin=5,
+                                      staircase=False, end_value=None),
+        lambda: optax.exponential_decay(0.5, transition_steps=3, decay_rate=0.8, transition_begin=5,
+                                        staircase=False, end_value=None),
+        lambda t: np_exponential(t, 0.5, 0.8, 3, 5, False, None, True)),
+    "exponential_decay_staircase_floor": (
+        lambda: uxs.exponential_decay(0.5, decay_rate=0.8, transition_steps=3, transition_begin=2,
+                                      staircase=True, end_value=0.2),
+        lambda: optax.exponential_decay(0.5, transition_steps=3, decay_rate=0.8, transition_begin=2,
+                                        staircase=True, end_value=0.2),
+        lambda t: np_exponential(t, 0.5, 0.8, 3, 2, True, 0.2, True)),
+    "exponential_growth_ceiling": (
+        lambda: uxs.exponential_decay(0.5, decay_rate=1.1, transition_steps=2, transition_begin=0,
+                                      staircase=False, end_value=1.0),
+        lambda: optax.exponential_decay(0.5, transition_steps=2, decay_rate=1.1, transition_begin=0,
+                                        staircase=False, end_value=1.0),
+        lambda t: np_exponential(t, 0.5, 1.1, 2, 0, False, 1.0, False)),
+    "cosine_decay": (
+        lambda: uxs.cosine_decay(0.2, decay_steps=30, alpha=0.1),
+        lambda: optax.cosine_decay_schedule(0.2, decay_steps=30, alpha=0.1),
+        lambda t: 0.2 * (0.9 * 0.5 * (1 + np.cos(np.pi * np.minimum(t, 30) / 30)) + 0.1)),
+    "polynomial_decay": (
+        lambda: uxs.polynomial_decay(0.5, end_value=0.05, power=1.5, transition_steps=25, transition_begin=4),
+        lambda: optax.polynomial_schedule(0.5, end_value=0.05, power=1.5, transition_steps=25, transition_begin=4),
+        lambda t: 0.45 * (1 - np.clip(t - 4, 0, 25) / 25) ** 1.5 + 0.05),
+    "polynomial_decay_power_1_is_linear": (
+        lambda: uxs.polynomial_decay(0.5, end_value=0.1, power=1.0, transition_steps=20, transition_begin=3),
+        lambda: optax.linear_schedule(0.5, end_value=0.1, transition_steps=20, transition_begin=3),
+        lambda t: 0.5 + (0.1 - 0.5) * np.clip(t - 3, 0, 20) / 20),
+    "linear_decay": (
+        lambda: uxs.linear_decay(0.4, warmup=0, steps=30),
+        lambda: optax.linear_schedule(0.4, end_value=0.0, transition_steps=30),
+        lambda t: 0.4 * np.maximum(0, (30 - t) / 30)),
+    "linear_decay_warmup": (
+        lambda: uxs.linear_decay(0.4, warmup=5, steps=30),
+        lambda: optax.join_schedules([optax.linear_schedule(0.0, 0.4, 5), optax.linear_schedule(0.4, 0.0, 25)], [5]),
+        lambda t: 0.4 * np.where(t < 5, t / 5, np.maximum(0, (30 - t) / 25))),
+    "piecewise_constant": (
+        lambda: uxs.piecewise_constant(0.1, {4: 1.0, 8: 2.0, 20: 0.5}),
+        lambda: optax.piecewise_constant_schedule(0.1, {4: 10.0, 8: 2.0, 20: 0.25}),  # scales = value ratios
+        lambda t: np.select([t < 4, t < 8, t < 20], [0.1, 1.0, 2.0], 0.5)),
+    "piecewise_interpolate_linear": (
+        lambda: uxs.piecewise_interpolate("linear", 1.0, {5: 0.5, 15: 0.1, 30: 3.0}),
+        lambda: optax.piecewise_interpolate_schedule("linear", 1.0, {5: 0.5, 15: 0.1, 30: 3.0}),
+        lambda t: np.interp(t, [0, 5, 15, 30], [1.0, 0.5, 0.05, 0.15])),
+    "piecewise_interpolate_linear_from_0": (
+        lambda: uxs.piecewise_interpolate("linear", 1.0, {0: 2.0, 5: 0.5, 15: 0.2, 30: 3.0}),
+        lambda: optax.piecewise_interpolate_schedule("linear", 1.0, {0: 2.0, 5: 0.5, 15: 0.2, 30: 3.0}),
+        lambda t: np.interp(t, [0, 5, 15, 30], [2.0, 1.0, 0.2, 0.6])),
+    "piecewise_interpolate_cosine": (
+        lambda: uxs.piecewise_interpolate("cosine", 1.0, {5: 0.5, 15: 0.1, 30: 3.0}),
+        lambda: optax.piecewise_interpolate_schedule("cosine", 1.0, {5: 0.5, 15: 0.1, 30: 3.0}),
+        lambda t: np_cosine_interp(t, [0, 5, 15, 30], [1.0, 0.5, 0.05, 0.15])),
+    "linear_onecycle": (
+        lambda: uxs.linear_onecycle(30, 0.8, pct_start=0.2, pct_final=0.75, div_factor=8.0, final_div_factor=100.0),
+        lambda: optax.linear_onecycle_schedule(30, 0.8, pct_start=0.2, pct_final=0.75, div_factor=8.0,
+                                               final_div_factor=100.0),
+        lambda t: np.interp(t, [0, 6, 22, 30], [0.1, 0.8, 0.1, 0.001])),
+    "cosine_onecycle": (
+        lambda: uxs.cosine_onecycle(30, 0.8, pct_start=0.25, div_factor=8.0, final_div_factor=100.0),
+        lambda: optax.cosine_onecycle_schedule(30, 0.8, pct_start=0.25, div_factor=8.0, final_div_factor=100.0),
+        lambda t: np_cosine_interp(t, [0, 7, 30], [0.1, 0.8, 0.001])),
+    "warmup_cosine_decay": (
+        lambda: uxs.warmup_cosine_decay(0.05, 1.0, warmup_steps=5, decay_steps=25, end_value=0.1, exponent=2.0),
+        lambda: optax.warmup_cosine_decay_schedule(0.05, 1.0, warmup_steps=5, decay_steps=25, end_value=0.1,
+                                                   exponent=2.0),
+        lambda t: np_warmup_cosine(t, 0.05, 1.0, 5, 25, 0.1, 2.0)),
+    "warmup_cosine_decay_zero_peak": (
+        lambda: uxs.warmup_cosine_decay(0.5, 0.0, warmup_steps=4, decay_steps=20, end_value=0.1, exponent=1.0),
+        lambda: optax.warmup_cosine_decay_schedule(0.5, 0.0, warmup_steps=4, decay_steps=20, end_value=0.1,
+                                                   exponent=1.0),
+        lambda t: np.where(t < 4, 0.5 - 0.5 * t / 4, 0.0)),
+    "warmup_exponential_decay": (
+        lambda: uxs.warmup_exponential_decay(0.0, 1.0, warmup_steps=4, transition_steps=3, decay_rate=0.7,
+                                             transition_begin=2, staircase=True, end_value=0.3),
+        lambda: optax.warmup_exponential_decay_schedule(0.0, 1.0, warmup_steps=4, transition_steps=3,
+                                                        decay_rate=0.7, transition_begin=2, staircase=True,
+                                                        end_value=0.3),
+        lambda t: np.where(t < 4, t / 4, np_exponential(t - 4, 1.0, 0.7, 3, 2, True, 0.3, True))),
+    "sgdr": (
+        lambda: uxs.sgdr(CYCLES),
+        lambda: optax.sgdr_schedule(CYCLES),
+        np_sgdr),
+    "join_schedules": (
+        lambda: uxs.join_schedules([uxs.constant(0.1), uxs.cosine_decay(0.5, decay_steps=10, alpha=0.0),
+                                    uxs.linear_decay(0.3, warmup=0, steps=8)], [5, 20]),
+        lambda: optax.join_schedules([optax.constant_schedule(0.1), optax.cosine_decay_schedule(0.5, 10),
+                                      optax.linear_schedule(0.3, 0.0, 8)], [5, 20]),
+        lambda t: np.select([t < 5, t < 20],
+                            [0.1, 0.25 * (1 + np.cos(np.pi * np.minimum(t - 5, 10) / 10))],
+                            0.3 * np.maximum(0, (8 - (t - 20)) / 8))),
+    "join_schedules_with_a_function": (
+        lambda: uxs.join_schedules([uxs.constant(0.1), _plain_halving], [10]),
+        lambda: optax.join_schedules([optax.constant_schedule(0.1), lambda c: 0.5**c], [10]),
+        lambda t: np.where(t < 10, 0.1, 0.5 ** (t - 10))),
+}
+
+NAMES = sorted(CASES)
+PUBLIC = [name for name in uxs.__all__ if name != "Schedule"]
+
+
+@functools.cache
+def _values(name):
+    """The eager and the jitted values of case ``name`` (each test reads them, they are computed once)."""
+    schedule = CASES[name][0]()
+    return _eager(schedule), _jitted(schedule)
+
+
+def _eager(schedule):
+    """Eager, on all counts at once (schedules broadcast over an array of counts)."""
+    return np.asarray(schedule(jnp.arange(N + 1, dtype=jnp.int32)))
+
+
+def _jitted(schedule):
+    """Jitted, one traced int32 scalar count at a time."""
+    fn = jax.jit(lambda s, c: s(c))
+    return np.array([fn(schedule, jnp.int32(c)) for c in range(N + 1)])
+
+
+def test_cases_cover_every_schedule():
+    assert {type(CASES[name][0]()).__name__ for name in NAMES} == set(PUBLIC)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matches_the_closed_form_and_optax(name):
+    _, make_optax, closed_form = CASES[name]
+    values = _values(name)[0]
+    np.testing.assert_allclose(values, closed_form(T), rtol=RTOL, atol=ATOL)
+    with jax.numpy_dtype_promotion("standard"):  # optax relies on implicit promotion
+        reference = np.asarray(jax.jit(jax.vmap(make_optax()))(jnp.arange(N + 1, dtype=jnp.int32)), dtype=np.float64)
+    np.testing.assert_allclose(values, reference, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_jit_equals_eager_and_returns_float32_scalars(name):
+    schedule = CASES[name][0]()
+    eager, jitted = _values(name)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
+    for count in (3, jnp.int32(3)):
+        value = schedule(count)
+        assert value.shape == () and value.dtype == jnp.float32
+        assert value == pytest.approx(jitted[3], rel=1e-6)
+
+
+def test_the_founding_piecewise_constant_example():
+    sched = uxs.piecewise_constant(0.1, {4: 1.0, 8: 2.0})
+    values = [float(sched(t)) for t in range(10)]
+    assert values == pytest.approx([0.1] * 4 + [1.0] * 4 + [2.0] * 2)
+    # optax's dict holds scales that multiply in: the same dict means something else there.
+    optax_values = [float(optax.piecewise_constant_schedule(0.1, {4: 1.0, 8: 2.0})(t)) for t in range(10)]
+    assert optax_values == pytest.approx([0.1] * 8 + [0.2] * 2)
+
+
+# --------------------------------------------------------------------------
+# Pytrees: numbers are leaves, structure is static
+
+
+# name: (a second schedule that differs from CASES[name] only in numeric options)
+NUMERIC_VARIANTS = {
+    "constant": lambda: uxs.constant(0.7),
+    "exponential_decay": lambda: uxs.exponential_decay(0.4, decay_rate=0.9, transition_steps=4, transition_begin=1,
+                                                       staircase=False, end_value=None),
+    "cosine_decay": lambda: uxs.cosine_decay(0.3, decay_steps=20, alpha=0.0),
+    "polynomial_decay": lambda: uxs.polynomial_decay(0.6, end_value=0.0, power=2.0, transition_steps=5,
+                                                     transition_begin=0),
+    "linear_decay_warmup": lambda: uxs.linear_decay(1.0, warmup=2, steps=9),
+    "piecewise_constant": lambda: uxs.piecewise_constant(0.2, {4: 3.0, 8: 4.0, 20: 5.0}),
+    "piecewise_interpolate_cosine": lambda: uxs.piecewise_interpolate("cosine", 2.0, {5: 0.1, 15: 0.2, 30: 0.3}),
+    "linear_onecycle": lambda: uxs.linear_onecycle(30, 0.5, pct_start=0.2, pct_final=0.75, div_factor=5.0,
+                                                   final_div_factor=10.0),
+    "cosine_onecycle": lambda: uxs.cosine_onecycle(30, 0.5, pct_start=0.25, div_factor=5.0, final_div_factor=10.0),
+    "warmup_cosine_decay": lambda: uxs.warmup_cosine_decay(0.0, 2.0, warmup_steps=3, decay_steps=11, end_value=0.0,
+                                                           exponent=1.0),
+    "warmup_exponential_decay": lambda: uxs.warmup_exponential_decay(0.1, 2.0, warmup_steps=1, transition_steps=5,
+                                                                     decay_rate=0.5, transition_begin=0,
+                                                                     staircase=True, end_value=0.1),
+    "sgdr": lambda: uxs.sgdr([dict(c, decay_steps=c["decay_steps"] + 1, peak_value=0.9) for c in CYCLES]),
+    "join_schedules": lambda: uxs.join_schedules([uxs.constant(0.2), uxs.cosine_decay(0.1, decay_steps=3, alpha=0.5),
+                                                  uxs.linear_decay(0.6, warmup=1, steps=4)], [2, 9]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC_VARIANTS))
+def test_changing_a_numeric_option_does_not_retrace(name):
+    traces = []
+
+    @jax.jit
+    def value(schedule, count):
+        traces.append(1)
+        return schedule(count)
+
+    first, second = CASES[name][0](), NUMERIC_VARIANTS[name]()
+    assert first != second
+    assert jax.tree.structure(first) == jax.tree.structure(second)
+    value(first, jnp.int32(7))
+    np.testing.assert_allclose(value(second, jnp.int32(7)), second(7), rtol=1e-6)
+    assert len(traces) == 1
+
+
+def test_changing_structure_retraces():
+    traces = []
+
+    @jax.jit
+    def value(schedule, count):
+        traces.append(1)
+        return schedule(count)
+
+    for schedule in [uxs.exponential_decay(1.0, staircase=False), uxs.exponential_decay(1.0, staircase=True),
+                     uxs.piecewise_constant(0.1, {4: 1.0}), uxs.piecewise_constant(0.1, {5: 1.0})]:
+        value(schedule, jnp.int32(7))
+    assert len(traces) == 4
+
+
+def test_leaves_are_the_numeric_options():
+    assert jax.tree.leaves(uxs.cosine_decay(0.1, decay_steps=10, alpha=0.0)) == [0.1, 10, 0.0]
+    assert jax.tree.leaves(uxs.exponential_decay(0.1, staircase=True)) == [0.1, 0.95, 10, 0]
+    assert jax.tree.leaves(uxs.piecewise_constant(0.1, {8: 2.0, 4: 1.0})) == [0.1, 1.0, 2.0]
+    assert jax.tree.leaves(uxs.linear_onecycle(10, 1.0)) == [1.0, 25.0, 1e4]
+    joined = uxs.join_schedules([uxs.constant(0.1), uxs.constant(0.2), _plain_halving], [3, 5])
+    assert jax.tree.leaves(joined) == [0.1, 0.2, 3, 5]
+    doubled = jax.tree.map(lambda x: 2 * x, uxs.cosine_decay(0.1, decay_steps=10, alpha=0.0))
+    assert doubled == uxs.cosine_decay(0.2, decay_steps=20, alpha=0.0)
+
+
+def test_a_schedule_as_a_stage_option_is_data_for_a_jitted_step():
+    traces = []
+
+    @jax.jit
+    def step(opt, grads, state):
+        traces.append(1)
+        return opt.update(grads, state)
+
+    grads = {"w": jnp.ones(2)}
+    outs = []
+    for init_value in (-0.1, -0.2):
+        opt = ux.scale(uxs.cosine_decay(init_value, decay_steps=4, alpha=0.0))
+        state = opt.init(grads)
+        for _ in range(3):
+            updates, state = step(opt, grads, state)
+        outs.append(float(updates["w"][0]))
+    assert len(traces) == 1
+    assert outs == pytest.approx([-0.1 * 0.5, -0.2 * 0.5])  # count 2 of 4: ½(1 + cos(π/2))
+    assert repr(opt) == "scale(step_size=cosine_decay(init_value=-0.2, decay_steps=4, alpha=0.0))"
+
+
+# --------------------------------------------------------------------------
+# Value semantics
+
+
+def test_repr_is_the_call():
+    assert repr(uxs.cosine_decay(0.01, decay_steps=1000)) == "cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0)"
+    assert repr(uxs.piecewise_constant(0.1, {8: 2.0, 4: 1})) == (
+        "piecewise_constant(init_value=0.1, boundaries_and_values={4: 1.0, 8: 2.0})")
+    assert repr(uxs.exponential_decay(1)) == (
+        "exponential_decay(init_value=1.0, decay_rate=0.95, transition_steps=10, transition_begin=0, staircase=False)")
+    assert repr(uxs.join_schedules([uxs.constant(0.1), _plain_halving], [10])) == (
+        "join_schedules(schedules=(constant(init_value=0.1), _plain_halving), boundaries=(10,))")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "join_schedules_with_a_function"])
+def test_repr_evaluates_to_an_equal_schedule(name):
+    schedule = CASES[name][0]()
+    assert eval(repr(schedule), vars(uxs)) == schedule
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_equal_hashable_picklable_immutable(name):
+    a, b = CASES[name][0](), CASES[name][0]()
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    restored = pickle.loads(pickle.dumps(a))
+    assert restored == a and hash(restored) == hash(a)
+    np.testing.assert_array_equal(_eager(restored), _values(name)[0])
+    with pytest.raises(AttributeError, match="immutable"):
+        a.init_value = 1.0
+
+
+def test_unequal_when_an_option_or_the_kind_differs():
+    assert uxs.cosine_decay(0.1, decay_steps=10) != uxs.cosine_decay(0.1, decay_steps=11)
+    assert uxs.exponential_decay(0.1) != uxs.exponential_decay(0.1, staircase=True)
+    assert uxs.piecewise_constant(0.1, {4: 1.0}) != uxs.piecewise_constant(0.1, {5: 1.0})
+    assert uxs.piecewise_interpolate("linear", 1.0) != uxs.piecewise_interpolate("cosine", 1.0)
+    assert uxs.constant(0.1) != 0.1
+
+
+# --------------------------------------------------------------------------
+# Errors name the call, the option and the value
+
+
+BAD = [
+    (lambda: uxs.cosine_decay(0.1, decay_steps=0), ValueError,
+     "cosine_decay(decay_steps=0): decay_steps must be a positive integer"),
+    (lambda: uxs.cosine_decay(0.1, decay_steps=2.5), TypeError, "cosine_decay(decay_steps=2.5)"),
+    (lambda: uxs.cosine_decay(0.1, alpha=1.5), ValueError, "cosine_decay(alpha=1.5): alpha must be in [0, 1]"),
+    (lambda: uxs.constant(None), TypeError, "constant(init_value=None): init_value must be a real number"),
+    (lambda: uxs.constant(True), TypeError, "constant(init_value=True)"),
+    (lambda: uxs.exponential_decay(0.1, decay_rate=0.0), ValueError, "exponential_decay(decay_rate=0.0)"),
+    (lambda: uxs.exponential_decay(0.1, staircase=1), TypeError,
+     "exponential_decay(staircase=1): staircase must be True or False"),
+    (lambda: uxs.exponential_decay(0.1, transition_begin=-1), ValueError,
+     "exponential_decay(transition_begin=-1): transition_begin must be a non-negative integer"),
+    (lambda: uxs.polynomial_decay(0.1, power=0.0), ValueError, "polynomial_decay(power=0.0): power must be in (0, inf]"),
+    (lambda: uxs.linear_decay(0.1, warmup=20, steps=10), ValueError, "linear_decay(warmup=20): warmup must be in [0, steps]"),
+    (lambda: uxs.piecewise_constant(0.1, {-1: 0.5}), ValueError, "piecewise_constant(boundaries_and_values={-1: 0.5})"),
+    (lambda: uxs.piecewise_constant(0.1, [(4, 1.0)]), TypeError,
+     "piecewise_constant(boundaries_and_values=[(4, 1.0)]): boundaries_and_values must be a dict"),
+    (lambda: uxs.piecewise_constant(0.1, {4: "a"}), TypeError, "piecewise_constant(boundaries_and_values[4]='a')"),
+    (lambda: uxs.piecewise_interpolate("cubic", 1.0), ValueError,
+     "piecewise_interpolate(interpolate_type='cubic'): interpolate_type must be 'linear' or 'cosine'"),
+    (lambda: uxs.piecewise_interpolate("linear", 1.0, {4: -0.1}), ValueError,
+     "piecewise_interpolate(boundaries_and_scales[4]=-0.1)"),
+    (lambda: uxs.warmup_cosine_decay(0.0, 1.0, warmup_steps=10, decay_steps=10), ValueError,
+     "warmup_cosine_decay(decay_steps=10): decay_steps must be greater than warmup_steps=10"),
+    (lambda: uxs.warmup_exponential_decay(0.0, 1.0, 2, 0, 0.5), ValueError, "warmup_exponential_decay(transition_steps=0)"),
+    (lambda: uxs.linear_onecycle(0, 1.0), ValueError, "linear_onecycle(transition_steps=0)"),
+    (lambda: uxs.linear_onecycle(10, 1.0, pct_start=0.5, pct_final=0.4), ValueError,
+     "linear_onecycle(pct_final=0.4): pct_final must be in [0.5, 1]"),
+    (lambda: uxs.cosine_onecycle(10, 1.0, div_factor=0), ValueError, "cosine_onecycle(div_factor=0.0)"),
+    (lambda: uxs.cosine_decay(uxs.constant(0.1)), TypeError, "cosine_decay(init_value=constant(init_value=0.1))"),
+    (lambda: uxs.join_schedules([uxs.constant(1.0)], [3]), ValueError,
+     "join_schedules(boundaries=(3,)): boundaries must hold len(schedules) - 1 = 0 steps"),
+    (lambda: uxs.join_schedules([uxs.constant(1.0)] * 3, [5, 2]), ValueError,
+     "join_schedules(boundaries=(5, 2)): boundaries must be non-decreasing"),
+    (lambda: uxs.join_schedules([uxs.constant(1.0), 3], [1]), TypeError, "must hold callables, got 3"),
+    (lambda: uxs.join_schedules([], []), ValueError, "join_schedules(schedules=()): schedules must hold at least one"),
+    (lambda: uxs.sgdr([]), ValueError, "sgdr(cosine_kwargs=[]): cosine_kwargs must be a non-empty list"),
+    (lambda: uxs.sgdr([dict(init_value=0, peak_value=1, warmup_steps=5, decay_steps=3)]), ValueError,
+     "warmup_cosine_decay(decay_steps=3)"),
+]
+
+
+@pytest.mark.parametrize("build, exc, message", BAD, ids=[m.split("(")[0] + str(i) for i, (_, _, m) in enumerate(BAD)])
+def test_bad_options_raise_naming_the_call(build, exc, message):
+    with pytest.raises(exc, match=re.escape(message)):
+        build()
+
+
+# --------------------------------------------------------------------------
+# Docs
+
+
+def test_the_public_module_exports_the_implementation():
+    from updax import _schedules
+
+    assert uxs.__all__ == _schedules.__all__
+    assert all(getattr(uxs, name) is getattr(_schedules, name) for name in uxs.__all__)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_docstring_follows_the_template(name):
+    doc = inspect.getdoc(getattr(uxs, name))
+    summary = doc.splitlines()[0]
+    assert summary.endswith(".") and len(summary) < 100
+    positions = [doc.index(s) for s in ("Args:", "Returns:", "Example:", "References:")]
+    assert positions == sorted(positions)
+    assert ">>> " in doc
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_documented_defaults_equal_the_signature(name):
+    schedule = getattr(uxs, name)
+    documented = _args_section(inspect.getdoc(schedule))
+    parameters = list(inspect.signature(schedule).parameters.values())
+    assert sorted(documented) == sorted(p.name for p in parameters)
+    for p in parameters:
+        text = documented[p.name]
+        if p.default is inspect.Parameter.empty:
+            assert "No default." in text, (name, p.name)
+        else:
+            found = re.search(r"Default: ``(.+?)``", text)
+            assert found, (name, p.name, text)
+            assert ast.literal_eval(found.group(1)) == p.default, (name, p.name)
+
+
+def test_polaris_names_and_defaults():
+    def defaults(fn):
+        return {k: v.default for k, v in inspect.signature(fn).parameters.items()}
+
+    empty = inspect.Parameter.empty
+    assert defaults(uxs.constant) == dict(init_value=empty)
+    assert defaults(uxs.exponential_decay) == dict(init_value=empty, decay_rate=0.95, transition_steps=10,
+                                                   transition_begin=0, staircase=False, end_value=None)
+    assert defaults(uxs.cosine_decay) == dict(init_value=empty, decay_steps=10, alpha=0.0)
+    assert defaults(uxs.polynomial_decay) == dict(init_value=empty, end_value=1e-3, power=2, transition_steps=10,
+                                                  transition_begin=0)
+    assert defaults(uxs.linear_decay) == dict(init_value=empty, warmup=0, steps=1000)
