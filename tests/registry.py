@@ -41,14 +41,24 @@ ENTRIES = {
     "add_decayed_weights": lambda: ux.add_decayed_weights(decay=0.1),
     "add_noise": lambda: ux.add_noise(eta=0.01, gamma=0.55, key=3),
     "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(2),
+    "scale_by_lion": lambda: ux.scale_by_lion(b1=0.9, b2=0.99),
+    "scale_by_amsgrad": lambda: ux.scale_by_amsgrad(b1=0.8, b2=0.95, eps=1e-8, eps_root=0.0),
+    "scale_by_adamax": lambda: ux.scale_by_adamax(b1=0.8, b2=0.95, eps=1e-8),
+    "scale_by_nadam": lambda: ux.scale_by_nadam(b1=0.8, b2=0.95, eps=1e-8, eps_root=0.0),
+    "scale_by_novograd": lambda: ux.scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=1e-3),
+    "scale_by_adadelta": lambda: ux.scale_by_adadelta(rho=0.9, eps=1e-6),
+    "scale_by_rprop": lambda: ux.scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
+                                                max_step_size=50.0),
+    "scale_by_sign": lambda: ux.scale_by_sign(),
+    "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
 }
 
 #: Entries whose ``update`` needs ``params``.
-NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights"}
+NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
-            "scale_by_learning_rate", "reduce_on_plateau"}
+            "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm"}

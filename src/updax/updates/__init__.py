@@ -8,6 +8,17 @@ of every update object (``parent.scale(0.1)``).
 
 from updax._core import apply_updates, combinator, compose, identity, stateful, stateless
 from updax.updates._accumulation import accumulate_gradients, trace
+from updax.updates._adaptive import (
+    scale_by_adadelta,
+    scale_by_adamax,
+    scale_by_adan,
+    scale_by_amsgrad,
+    scale_by_lion,
+    scale_by_nadam,
+    scale_by_novograd,
+    scale_by_rprop,
+    scale_by_sign,
+)
 from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._noise_decay import add_decayed_weights, add_noise
@@ -39,13 +50,22 @@ __all__ = [
     "identity",
     "reduce_on_plateau",
     "scale",
+    "scale_by_adadelta",
     "scale_by_adam",
+    "scale_by_adamax",
+    "scale_by_adan",
+    "scale_by_amsgrad",
     "scale_by_belief",
     "scale_by_learning_rate",
+    "scale_by_lion",
+    "scale_by_nadam",
+    "scale_by_novograd",
     "scale_by_radam",
     "scale_by_rms",
+    "scale_by_rprop",
     "scale_by_rss",
     "scale_by_schedule",
+    "scale_by_sign",
     "scale_by_state",
     "scale_by_stddev",
     "scale_by_trust_ratio",
