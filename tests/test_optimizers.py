@@ -32,6 +32,24 @@ def test_each_optimizer_equals_its_explicit_pipeline():
     assert O.sgd(lr) == ux.scale_by_learning_rate(lr)
     assert O.sgd(lr, momentum=0.9) == ux.trace(decay=0.9).scale_by_learning_rate(lr)
     assert O.yogi(lr) == ux.scale_by_yogi().scale_by_learning_rate(lr)
+    # the modern set
+    assert O.lion(lr) == ux.scale_by_lion().add_decayed_weights(1e-3).scale_by_learning_rate(lr)
+    assert O.adamax(lr) == ux.scale_by_adamax().scale_by_learning_rate(lr)
+    assert O.adamaxw(lr) == ux.scale_by_adamax().add_decayed_weights(1e-4).scale_by_learning_rate(lr)
+    assert O.amsgrad(lr) == ux.scale_by_amsgrad().scale_by_learning_rate(lr)
+    assert O.nadam(lr) == ux.scale_by_nadam().scale_by_learning_rate(lr)
+    assert O.nadamw(lr) == ux.scale_by_nadam().add_decayed_weights(1e-4).scale_by_learning_rate(lr)
+    assert O.novograd(lr) == ux.scale_by_novograd(eps=1e-6).scale_by_learning_rate(lr)
+    assert O.adadelta(lr) == ux.add_decayed_weights(0.0).scale_by_adadelta().scale_by_learning_rate(lr)
+    assert O.rprop(lr) == ux.scale_by_rprop(lr).scale(-1.0)
+    assert O.sign_sgd(lr) == ux.scale_by_sign().scale_by_learning_rate(lr)
+    assert O.signum(lr) == ux.trace(0.9).scale_by_sign().scale_by_learning_rate(lr)
+    assert O.adan(lr) == ux.scale_by_adan(eps_root=1e-8).add_decayed_weights(0.0).scale_by_learning_rate(lr)
+    assert O.lars(lr) == (ux.add_decayed_weights(0.0).scale_by_trust_ratio(trust_coefficient=1e-3)
+                          .scale_by_learning_rate(lr).trace(0.9))
+    m = 1 / (1 + lr**2) ** 0.5
+    assert O.fromage(lr) == ux.scale_by_trust_ratio(min_norm=1e-6).scale_by_learning_rate(lr * m).add_decayed_weights(
+        m - 1)
 
 
 def test_optimizers_print_their_pipeline():
@@ -46,7 +64,10 @@ AXON_LEARNING_RATES = dict(adabelief=1e-3, adagrad=1e-3, adam=1e-3, adamw=1e-3, 
 
 
 def test_learning_rate_comes_first_with_axon_defaults():
-    assert sorted(AXON_LEARNING_RATES) == sorted(O.__all__)
+    assert set(AXON_LEARNING_RATES) <= set(O.__all__)
+    for name in O.__all__:
+        first = next(iter(inspect.signature(getattr(O, name)).parameters.values()))
+        assert first.name == "learning_rate", name
     for name, lr in AXON_LEARNING_RATES.items():
         first = next(iter(inspect.signature(getattr(O, name)).parameters.values()))
         assert (first.name, first.default) == ("learning_rate", lr), name
@@ -84,6 +105,31 @@ PARITY = [
      lambda: optax.sgd(0.05, momentum=0.9, nesterov=True)),
     ("yogi", lambda: O.yogi(0.05, initial_accumulator_value=1e-6, b1=0.8, b2=0.99, eps=1e-3, eps_root=0.0),
      lambda: optax.yogi(0.05, b1=0.8, b2=0.99, eps=1e-3)),
+    # the modern set
+    ("lion", lambda: O.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.01),
+     lambda: optax.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.01)),
+    ("adamax", lambda: O.adamax(0.05, b1=0.8, b2=0.95, eps=1e-7), lambda: optax.adamax(0.05, b1=0.8, b2=0.95, eps=1e-7)),
+    ("adamaxw", lambda: O.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01),
+     lambda: optax.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
+    ("amsgrad", lambda: O.amsgrad(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0),
+     lambda: optax.amsgrad(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0)),
+    ("nadam", lambda: O.nadam(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0),
+     lambda: optax.nadam(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0)),
+    ("nadamw", lambda: O.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, weight_decay=0.01),
+     lambda: optax.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, weight_decay=0.01)),
+    ("novograd", lambda: O.novograd(0.05, b1=0.8, b2=0.3, eps=1e-6, eps_root=0.0, weight_decay=0.01),
+     lambda: optax.novograd(0.05, b1=0.8, b2=0.3, eps=1e-6, eps_root=0.0, weight_decay=0.01)),
+    ("adadelta", lambda: O.adadelta(0.5, rho=0.8, eps=1e-5, weight_decay=0.01),
+     lambda: optax.adadelta(0.5, rho=0.8, eps=1e-5, weight_decay=0.01)),
+    ("sign_sgd", lambda: O.sign_sgd(0.05), lambda: optax.sign_sgd(0.05)),
+    ("signum", lambda: O.signum(0.05, momentum=0.8), lambda: optax.signum(0.05, beta=0.8)),
+    # b2 = 0.5: optax 0.2.8's Adan weights the gradient difference by 1 - b2 where the paper has b2 (see
+    # tests/test_adaptive.py); they agree only there.
+    ("adan", lambda: O.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, weight_decay=0.01),
+     lambda: optax.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, weight_decay=0.01)),
+    ("lars", lambda: O.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True),
+     lambda: optax.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True)),
+    ("fromage", lambda: O.fromage(0.05, min_norm=1e-5), lambda: optax.fromage(0.05, min_norm=1e-5)),
 ]
 
 
@@ -146,13 +192,25 @@ def _minimise(opt, loss, params, steps):
     return params
 
 
-@pytest.mark.parametrize("name", sorted(AXON_LEARNING_RATES))
+# Steps for the convergence test and, where a method does not reach the optimum with its default constant
+# learning rate, why (both behaviours are optax's too: the parity tests pin the numbers).
+STEPS = {name: 20_000 for name in O.__all__}
+# AdaDelta's step grows with its running average of steps: it reaches the optimum within ~1000 steps on this
+# Rosenbrock and then drifts away again.
+STEPS["adadelta"] = 1_000
+# Fromage's weight shrinkage 1/sqrt(1+lr^2) balances its relative step at a point short of the optimum unless
+# the learning rate decays; it gets within that neighbourhood.
+NEAR = {"fromage": 0.35, "adadelta": 0.1}
+
+
+@pytest.mark.parametrize("name", sorted(O.__all__))
 def test_every_optimizer_converges_with_its_defaults(name):
     # Adagrad's steps shrink like lr/sqrt(t): with Axon's default lr 1e-3 it covers ~2e-3*sqrt(T), far too
     # little to reach an optimum 2 units away in a test budget; it alone is run with a larger learning rate.
     opt = getattr(O, name)(0.5) if name == "adagrad" else getattr(O, name)()
-    p = _minimise(opt, _rosenbrock, {"x": jnp.asarray(0.0), "y": jnp.asarray(0.0)}, 20_000)
-    assert abs(float(p["x"]) - 1) < 0.1 and abs(float(p["y"]) - 1) < 0.2, (name, p)
-    assert float(_rosenbrock(p)) < 1e-2 * float(_rosenbrock({"x": 0.0, "y": 0.0}))
-    q = _minimise(opt, _quadratic, {"v": jnp.zeros(2)}, 20_000)
+    near = NEAR.get(name, 0.1)
+    p = _minimise(opt, _rosenbrock, {"x": jnp.asarray(0.0), "y": jnp.asarray(0.0)}, STEPS[name])
+    assert abs(float(p["x"]) - 1) < near and abs(float(p["y"]) - 1) < 2 * near, (name, p)
+    assert float(_rosenbrock(p)) < (50 if name in NEAR else 1) * 1e-2 * float(_rosenbrock({"x": 0.0, "y": 0.0}))
+    q = _minimise(opt, _quadratic, {"v": jnp.zeros(2)}, STEPS[name])
     np.testing.assert_allclose(q["v"], [1.0, -2.0], atol=0.05)

@@ -5,6 +5,28 @@ other options under Axon's names. ``print(ux.optimizers.lamb(1e-2))`` shows
 the pipeline.
 """
 
+from updax._modern_optimizers import (
+    adadelta,
+    adamax,
+    adamaxw,
+    adan,
+    amsgrad,
+    fromage,
+    lars,
+    lion,
+    nadam,
+    nadamw,
+    novograd,
+    rprop,
+    sign_sgd,
+    signum,
+)
 from updax._optimizers import adabelief, adagrad, adam, adamw, lamb, noisy_sgd, radam, rmsprop, sgd, yogi
 
-__all__ = ["adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi"]
+__all__ = [
+    # Axon's set
+    "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
+    # what users reach for today
+    "adadelta", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "nadam", "nadamw", "novograd",
+    "rprop", "sign_sgd", "signum",
+]
