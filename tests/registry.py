@@ -50,18 +50,20 @@ ENTRIES = {
     "scale_by_rprop": lambda: ux.scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
                                                 max_step_size=50.0),
     "scale_by_sign": lambda: ux.scale_by_sign(),
+    "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
 }
 
 #: Entries whose ``update`` needs ``params``.
-NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd"}
+NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
-NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm"}
+NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
+                   "schedule_free_eval_params"}
 
 
 def catalogue_names():

@@ -130,6 +130,10 @@ PARITY = [
     ("lars", lambda: O.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True),
      lambda: optax.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True)),
     ("fromage", lambda: O.fromage(0.05, min_norm=1e-5), lambda: optax.fromage(0.05, min_norm=1e-5)),
+    ("schedule_free_adamw", lambda: O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01),
+     lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
+    ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),
+     lambda: optax.contrib.schedule_free(optax.sgd(0.05), 0.05, b1=0.7, weight_lr_power=1.0)),
 ]
 
 
@@ -214,3 +218,32 @@ def test_every_optimizer_converges_with_its_defaults(name):
     assert float(_rosenbrock(p)) < (50 if name in NEAR else 1) * 1e-2 * float(_rosenbrock({"x": 0.0, "y": 0.0}))
     q = _minimise(opt, _quadratic, {"v": jnp.zeros(2)}, STEPS[name])
     np.testing.assert_allclose(q["v"], [1.0, -2.0], atol=0.05)
+
+
+def test_schedule_free_eval_params_match_optax():
+    opt = O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)
+    ref = optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)
+    p1 = p2 = nested_tree(seed=0)
+    s1, s2 = opt.init(p1), ref.init(p2)
+    for t in range(10):
+        g = nested_tree(seed=t + 1)
+        u1, s1 = opt.update(g, s1, p1)
+        u2, s2 = ref.update(g, s2, p2)
+        p1, p2 = ux.apply_updates(p1, u1), optax.apply_updates(p2, u2)
+    e1 = ux.schedule_free_eval_params(opt, s1, p1)
+    e2 = optax.contrib.schedule_free_eval_params(s2, p2)
+    for x, y in zip(jax.tree.leaves(e1), jax.tree.leaves(e2)):
+        np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-6)
+    # The averaged params differ from the training params, which are left untouched.
+    assert not np.allclose(jax.tree.leaves(e1)[0], jax.tree.leaves(p1)[0])
+
+
+def test_schedule_free_warmup_rises_linearly_then_holds():
+    opt = O.schedule_free_adamw(0.01, warmup_steps=4)
+    params = {"w": jnp.zeros(2)}
+    state = opt.init(params)
+    used = []
+    for _ in range(6):
+        _, state = opt.update({"w": jnp.ones(2)}, state, params)
+        used.append(float(opt.get_state(state, "schedule_free/scale_by_learning_rate.learning_rate")))
+    np.testing.assert_allclose(used, [0.0, 0.0025, 0.005, 0.0075, 0.01, 0.01], rtol=1e-6)

@@ -9,13 +9,13 @@ in optax (Axon's ``adamw`` / ``lamb`` call it ``decay``).
 from __future__ import annotations
 
 from updax import _validate as check
+from updax import schedules
 from updax.updates import (
     add_decayed_weights,
-    scale_by_adadelta,
+    scale_by_adam,
     scale_by_adamax,
     scale_by_adan,
     scale_by_amsgrad,
-    scale_by_learning_rate,
     scale_by_lion,
     scale_by_nadam,
     scale_by_novograd,
@@ -422,3 +422,50 @@ def fromage(learning_rate=1e-2, min_norm=1e-6):
     mult = 1.0 / (1.0 + learning_rate**2) ** 0.5
     return (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(learning_rate * mult)
             .add_decayed_weights(decay=mult - 1.0))
+
+
+def schedule_free_adamw(learning_rate=2.5e-3, warmup_steps=None, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+                        weight_lr_power=2.0, *, state_dtype=None):
+    """Schedule-free AdamW: AdamW without momentum, wrapped in schedule-free averaging.
+
+    Pipeline: ``scale_by_adam(b1=0.0, b2, eps, eps_root=0.0) |> add_decayed_weights(weight_decay)
+    |> scale_by_learning_rate(lr) |> schedule_free(lr, b1, weight_lr_power)``; with
+    ``warmup_steps`` the learning rate rises linearly from 0 over that many
+    steps, then stays. Evaluate at ``ux.schedule_free_eval_params(opt, state, params)``.
+    The averaging weight uses the learning rate applied on the same step
+    (optax evaluates the warm-up one step later there; with a constant rate
+    the two agree exactly).
+
+    Args:
+        learning_rate: the peak learning rate (the reference's 0.0025). Default: ``0.0025``.
+        warmup_steps: length of the linear warm-up, or None. Default: ``None``.
+        b1: the interpolation weight, in (0, 1). Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the denominator. Default: ``1e-08``.
+        weight_decay: decoupled weight decay, applied at the interpolated
+            params. Default: ``0.0``.
+        weight_lr_power: power of the learning rate in the averaging weights.
+            Default: ``2.0``.
+        state_dtype: storage dtype of the base iterate ``z``. Default: ``None``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> [s.label for s in ux.optimizers.schedule_free_adamw().stages]
+        ['schedule_free']
+        >>> ux.optimizers.schedule_free_adamw(warmup_steps=100).stages[0].option("learning_rate")
+        polynomial_decay(init_value=0.0, end_value=0.0025, power=1.0, transition_steps=100, transition_begin=0)
+
+    References:
+        Defazio et al., "The Road Less Scheduled", NeurIPS 2024.
+        https://arxiv.org/abs/2405.15682
+    """
+    if warmup_steps is not None:
+        check.positive_int("schedule_free_adamw", "warmup_steps", warmup_steps)
+        learning_rate = schedules.polynomial_decay(0.0, end_value=learning_rate, power=1.0,
+                                                   transition_steps=warmup_steps)
+    inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=weight_decay)
+             .scale_by_learning_rate(learning_rate))
+    return inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)

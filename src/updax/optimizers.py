@@ -18,6 +18,7 @@ from updax._modern_optimizers import (
     nadamw,
     novograd,
     rprop,
+    schedule_free_adamw,
     sign_sgd,
     signum,
 )
@@ -28,5 +29,5 @@ __all__ = [
     "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
     # what users reach for today
     "adadelta", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "nadam", "nadamw", "novograd",
-    "rprop", "sign_sgd", "signum",
+    "rprop", "schedule_free_adamw", "sign_sgd", "signum",
 ]

@@ -20,6 +20,7 @@ from updax.updates._adaptive import (
     scale_by_sign,
 )
 from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
+from updax.updates._averaging import schedule_free, schedule_free_eval_params
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._noise_decay import add_decayed_weights, add_noise
 from updax.updates._scaling import (
@@ -70,6 +71,8 @@ __all__ = [
     "scale_by_stddev",
     "scale_by_trust_ratio",
     "scale_by_yogi",
+    "schedule_free",
+    "schedule_free_eval_params",
     "stateful",
     "stateless",
     "trace",
