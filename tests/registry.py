@@ -50,16 +50,27 @@ ENTRIES = {
     "scale_by_rprop": lambda: ux.scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
                                                 max_step_size=50.0),
     "scale_by_sign": lambda: ux.scale_by_sign(),
+    "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0,
+                                                              min_dim_size_to_factor=2, epsilon=1e-30),
+    "scale_by_param_block_rms": lambda: ux.scale_by_param_block_rms(min_scale=1e-3),
+    "clip_by_block_rms": lambda: ux.clip_by_block_rms(threshold=1.0),
+    "scale_by_sm3": lambda: ux.scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8),
+    "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
+                                                                eps=1e-8),
+    "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
+                                              nesterov=True),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
 }
 
 #: Entries whose ``update`` needs ``params``.
-NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free"}
+NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free",
+                "scale_by_param_block_rms"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
-            "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign"}
+            "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
+            "scale_by_newton_schulz"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",

@@ -19,9 +19,17 @@ from updax.updates._adaptive import (
     scale_by_rprop,
     scale_by_sign,
 )
-from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
 from updax.updates._averaging import schedule_free, schedule_free_eval_params
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
+from updax.updates._factored import (
+    clip_by_block_rms,
+    scale_by_factored_rms,
+    scale_by_muon,
+    scale_by_newton_schulz,
+    scale_by_param_block_rms,
+    scale_by_sm3,
+)
+from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
 from updax.updates._noise_decay import add_decayed_weights, add_noise
 from updax.updates._scaling import (
     scale,
@@ -44,6 +52,7 @@ __all__ = [
     "apply_updates",
     "centralize",
     "clip",
+    "clip_by_block_rms",
     "clip_by_global_norm",
     "combinator",
     "compose",
@@ -57,16 +66,21 @@ __all__ = [
     "scale_by_adan",
     "scale_by_amsgrad",
     "scale_by_belief",
+    "scale_by_factored_rms",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_muon",
     "scale_by_nadam",
+    "scale_by_newton_schulz",
     "scale_by_novograd",
+    "scale_by_param_block_rms",
     "scale_by_radam",
     "scale_by_rms",
     "scale_by_rprop",
     "scale_by_rss",
     "scale_by_schedule",
     "scale_by_sign",
+    "scale_by_sm3",
     "scale_by_state",
     "scale_by_stddev",
     "scale_by_trust_ratio",
