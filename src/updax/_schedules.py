@@ -904,3 +904,33 @@ class sgdr(Schedule):
             begin = begin + previous.decay_steps
             value = jnp.where(count < begin, value, cycle(count - begin))
         return value
+
+
+class relative_step(Schedule):
+    """Adafactor's relative step size: ``1/sqrt(t)``, capped.
+
+    Formula: ``η(t) = min(max_value, 1/sqrt(t + 1))`` (the paper's ``t``
+    counts from 1).
+
+    Args:
+        max_value: the cap, > 0. Default: ``0.01``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.relative_step()
+        >>> sched(0), sched(39_999)
+        (Array(0.01, dtype=float32), Array(0.005, dtype=float32))
+
+    References:
+        Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+        Memory Cost", ICML 2018, section 8. https://arxiv.org/abs/1804.04235
+    """
+
+    def __init__(self, max_value=0.01):
+        self._set(max_value=_number("relative_step", "max_value", max_value, 0.0, lo_open=True))
+
+    def __call__(self, count):
+        return jnp.minimum(_real(self.max_value), jax.lax.rsqrt(_real(count) + 1.0))

@@ -7,6 +7,7 @@ the pipeline.
 
 from updax._modern_optimizers import (
     adadelta,
+    adafactor,
     adamax,
     adamaxw,
     adan,
@@ -21,6 +22,7 @@ from updax._modern_optimizers import (
     schedule_free_adamw,
     sign_sgd,
     signum,
+    sm3,
 )
 from updax._optimizers import adabelief, adagrad, adam, adamw, lamb, noisy_sgd, radam, rmsprop, sgd, yogi
 
@@ -28,6 +30,6 @@ __all__ = [
     # Axon's set
     "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
     # what users reach for today
-    "adadelta", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "nadam", "nadamw", "novograd",
-    "rprop", "schedule_free_adamw", "sign_sgd", "signum",
+    "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "nadam", "nadamw", "novograd",
+    "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
 ]
