@@ -8,9 +8,18 @@ contract.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 import updax as ux
+
+
+def _by_rank(params):
+    return jax.tree.map(lambda p: "adam" if p.ndim >= 2 else "sgd", params)
+
+
+def _matrices(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 def _halving(count):
@@ -50,6 +59,8 @@ ENTRIES = {
     "scale_by_rprop": lambda: ux.scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
                                                 max_step_size=50.0),
     "scale_by_sign": lambda: ux.scale_by_sign(),
+    "partition": lambda: ux.partition({"adam": ux.scale_by_adam(), "sgd": ux.scale(-0.1)}, _by_rank),
+    "masked": lambda: ux.scale_by_adam().masked(_matrices),
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0,
                                                               min_dim_size_to_factor=2, epsilon=1e-30),
     "scale_by_param_block_rms": lambda: ux.scale_by_param_block_rms(min_scale=1e-3),

@@ -359,8 +359,25 @@ def test_user_options_that_are_trees_of_numbers_are_leaves():
     other = ux.stateless(_betas_kernel, name="affine", options={"betas": (3.0, 0.0)})
     assert float(step(other, {"w": jnp.ones(1)})["w"][0]) == 3.0
     assert len(traces) == 1
-    with pytest.raises(TypeError, match=r"affine\(names=\['a'\]\): an option must be a number"):
-        ux.stateless(_betas_kernel, name="affine", options={"names": ["a"]})
+    with pytest.raises(TypeError, match=r"affine\(names=\[\{1\}\]\): an option must be a number"):
+        ux.stateless(_betas_kernel, name="affine", options={"names": [{1}]})
+
+
+def _labelled(updates, params, *, labels):
+    return jax.tree.map(lambda g, label: g * (2.0 if label == "double" else 1.0), updates, labels)
+
+
+def test_static_pytree_options_are_frozen_and_given_back_as_trees():
+    labels = {"a": "double", "b": ["keep", "double"]}
+    opt = ux.stateless(_labelled, name="labelled", options={"labels": labels})
+    assert repr(opt) == "labelled(labels={'a': 'double', 'b': ['keep', 'double']})"
+    assert jax.tree.leaves(opt) == []
+    assert opt == ux.stateless(_labelled, name="labelled", options={"labels": dict(labels)})
+    assert hash(opt) == hash(pickle.loads(pickle.dumps(opt)))
+    assert opt.stages[0].option("labels") == labels
+    g = {"a": jnp.ones(1), "b": [jnp.ones(1), jnp.ones(1)]}
+    out = jax.jit(lambda o, g: o.update(g, o.init(None))[0])(opt, g)
+    assert [float(x[0]) for x in jax.tree.leaves(out)] == [2.0, 1.0, 2.0]
 
 
 def test_a_user_combinator_cannot_take_over_a_catalogue_name():

@@ -69,7 +69,34 @@ def _is_dynamic(value) -> bool:
     if isinstance(value, bool) or value is None:
         return False
     leaves, treedef = jax.tree.flatten(value)
-    return treedef.num_nodes > 1 and bool(leaves) and all(_is_number(leaf) for leaf in leaves)
+    return treedef.num_nodes > 1 and all(_is_number(leaf) for leaf in leaves)
+
+
+class _Frozen:
+    """A static pytree option (a dict of labels, a list of bools) made hashable; kernels get ``.tree``."""
+
+    __slots__ = ("tree", "_key")
+
+    def __init__(self, tree):
+        leaves, treedef = jax.tree.flatten(tree)
+        object.__setattr__(self, "tree", tree)
+        object.__setattr__(self, "_key", (treedef, tuple(leaves)))
+        hash(self._key)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("update objects are immutable")
+
+    def __eq__(self, other):
+        return type(other) is _Frozen and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __reduce__(self):
+        return (_Frozen, (self.tree,))
+
+    def __repr__(self):
+        return repr(self.tree)
 
 
 def _is_key(value) -> bool:
@@ -136,16 +163,8 @@ class Stage:
 
     def __init__(self, name, init_fn, apply_fn, options=(), *, needs_params=False, wraps=None, static=(),
                  callables=()):
-        options = tuple(dict(options).items())
-        for key, value in options:
-            if not _is_dynamic(value) and key not in static:
-                try:
-                    hash(value)
-                except TypeError:
-                    raise TypeError(
-                        f"{name or 'stage'}({key}={value!r}): an option must be a number, an array "
-                        "or a hashable value"
-                    ) from None
+        options = tuple((k, _freeze(name, k, v) if not _is_dynamic(v) or k in static else v)
+                        for k, v in dict(options).items())
         if wraps is not None and not isinstance(dict(options).get(wraps), Update):
             raise TypeError(f"{name}: option {wraps!r} must be an update object")
         dynamic = frozenset(k for k, v in options if _is_dynamic(v) and k not in static)
@@ -168,7 +187,8 @@ class Stage:
         return "stateless" if self.init_fn is None else "stateful"
 
     def option(self, key):
-        return dict(self.options)[key]
+        value = dict(self.options)[key]
+        return value.tree if isinstance(value, _Frozen) else value
 
     @staticmethod
     def _kwargs(fn, values):
@@ -177,7 +197,7 @@ class Stage:
 
     def _values(self, count):
         """The options, with each schedule evaluated at ``count`` (at least float32)."""
-        values = dict(self.options)
+        values = {k: v.tree if isinstance(v, _Frozen) else v for k, v in self.options}
         for key in self.scheduled:
             value = jnp.asarray(values[key](count))
             if jnp.issubdtype(value.dtype, jnp.floating):
@@ -205,7 +225,7 @@ class Stage:
                                  f"ScheduledState that init() returns, got {type(state).__name__}")
             values, state = self._values(outer.count), outer.state
         else:
-            values = dict(self.options)
+            values = {k: v.tree if isinstance(v, _Frozen) else v for k, v in self.options}
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         if self.init_fn is None:
             updates = self.apply_fn(updates, params, **kwargs)
@@ -246,6 +266,20 @@ class Stage:
 
     def __repr__(self):
         return self._arguments(with_wrapped=True)
+
+
+def _freeze(name, key, value):
+    """A static option as it is stored: itself if hashable, else a frozen pytree of hashable leaves."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        pass
+    try:
+        return _Frozen(value)
+    except TypeError:
+        raise TypeError(f"{name or 'stage'}({key}={value!r}): an option must be a number, an array, a "
+                        "hashable value or a pytree of them") from None
 
 
 def _restore_stage(*values):

@@ -30,6 +30,7 @@ from updax.updates._factored import (
     scale_by_sm3,
 )
 from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
+from updax.updates._masking import masked, partition
 from updax.updates._noise_decay import add_decayed_weights, add_noise
 from updax.updates._scaling import (
     scale,
@@ -58,6 +59,8 @@ __all__ = [
     "compose",
     "global_norm",
     "identity",
+    "masked",
+    "partition",
     "reduce_on_plateau",
     "scale",
     "scale_by_adadelta",

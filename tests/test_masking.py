@@ -1,0 +1,74 @@
+"""partition and masked: parity with optax, state only for touched leaves, untouched leaves unchanged."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import updax as ux
+from registry import nested_tree
+
+
+def _labels(params):
+    return jax.tree.map(lambda p: "adam" if p.ndim >= 2 else "sgd", params)
+
+
+def _mask(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _compare(opt, ref, steps=12):
+    p1 = p2 = nested_tree(seed=0)
+    s1, s2 = opt.init(p1), ref.init(p2)
+    for t in range(steps):
+        g = nested_tree(seed=t + 1)
+        u1, s1 = jax.jit(opt.update)(g, s1, p1)
+        u2, s2 = ref.update(g, s2, p2)
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        p1, p2 = ux.apply_updates(p1, u1), optax.apply_updates(p2, u2)
+    return s1
+
+
+def test_partition_matches_optax_and_stores_state_only_for_its_group():
+    opt = ux.partition({"adam": ux.scale_by_adam(eps_root=0.0).scale(-0.01), "sgd": ux.trace(0.5).scale(-0.1)},
+                       _labels)
+    ref = optax.partition({"adam": optax.chain(optax.scale_by_adam(), optax.scale(-0.01)),
+                           "sgd": optax.chain(optax.trace(0.5), optax.scale(-0.1))}, _labels)
+    state = _compare(opt, ref)
+    mu = opt.get_state(state, "partition").inner["adam"][0].mu
+    assert all(leaf.ndim >= 2 for leaf in jax.tree.leaves(mu))
+    assert mu["dense"]["b"] is None and mu["scalar"] is None
+    trace = opt.get_state(state, "partition").inner["sgd"][0].trace
+    assert all(leaf.ndim < 2 for leaf in jax.tree.leaves(trace))
+
+
+def test_masked_matches_optax_and_leaves_the_rest_unchanged():
+    opt = ux.masked(ux.scale_by_adam(eps_root=0.0), _mask).scale(-0.01)
+    ref = optax.chain(optax.masked(optax.scale_by_adam(), _mask), optax.scale(-0.01))
+    _compare(opt, ref)
+    g = nested_tree(seed=3)
+    out, state = opt.update(g, opt.init(g), g)
+    np.testing.assert_allclose(out["dense"]["b"], -0.01 * g["dense"]["b"], rtol=1e-6)
+    assert state[0].inner[0].mu["dense"]["b"] is None
+
+
+def test_a_mask_tree_and_a_callable_pytree_are_not_functions():
+    class Module:  # a callable pytree, as an Equinox module is
+        def __init__(self, tree):
+            self.tree = tree
+
+        def __call__(self, x):
+            return x
+
+    jax.tree_util.register_pytree_node(Module, lambda m: ((m.tree,), None), lambda _, c: Module(c[0]))
+    from updax.updates._masking import _is_function
+
+    assert _is_function(_mask)
+    assert not _is_function(Module({"w": True}))
+    assert not _is_function({"w": True})
+    opt = ux.masked(ux.scale(2.0), {"w": True, "b": False})
+    out, _ = opt.update({"w": jnp.ones(1), "b": jnp.ones(1)}, opt.init({"w": jnp.ones(1), "b": jnp.ones(1)}))
+    assert float(out["w"][0]) == 2.0 and float(out["b"][0]) == 1.0
