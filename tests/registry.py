@@ -64,6 +64,7 @@ ENTRIES = {
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0,
                                                               min_dim_size_to_factor=2, epsilon=1e-30),
     "scale_by_param_block_rms": lambda: ux.scale_by_param_block_rms(min_scale=1e-3),
+    "scale_by_shape": lambda: ux.scale_by_shape(),
     "clip_by_block_rms": lambda: ux.clip_by_block_rms(threshold=1.0),
     "scale_by_sm3": lambda: ux.scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
@@ -81,7 +82,7 @@ NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novogra
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
-            "scale_by_newton_schulz"}
+            "scale_by_newton_schulz", "scale_by_shape"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",

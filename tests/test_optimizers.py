@@ -12,6 +12,7 @@ import pytest
 
 import updax as ux
 from registry import nested_tree
+from updax._modern_optimizers import _muon_groups
 
 O = ux.optimizers
 
@@ -50,6 +51,9 @@ def test_each_optimizer_equals_its_explicit_pipeline():
     m = 1 / (1 + lr**2) ** 0.5
     assert O.adafactor(lr) == (ux.scale_by_factored_rms().clip_by_block_rms(1.0).scale(lr).scale_by_param_block_rms()
                                .scale(-1.0))
+    assert O.muon(lr) == ux.partition({
+        "muon": ux.scale_by_muon().scale_by_shape().add_decayed_weights(0.0).scale_by_learning_rate(lr),
+        "adam": ux.scale_by_nadam().add_decayed_weights(0.0).scale_by_learning_rate(lr)}, _muon_groups)
     assert O.sm3(lr) == ux.scale_by_sm3(b1=0.9).scale_by_learning_rate(lr)
     assert O.fromage(lr) == ux.scale_by_trust_ratio(min_norm=1e-6).scale_by_learning_rate(lr * m).add_decayed_weights(
         m - 1)
@@ -143,6 +147,12 @@ PARITY = [
                                                  factored=False),
      lambda: optax.adafactor(0.05, clipping_threshold=None, multiply_by_parameter_scale=False, factored=False)),
     ("sm3", lambda: O.sm3(0.05, momentum=0.8), lambda: optax.sm3(0.05, momentum=0.8)),
+    ("muon", lambda: O.muon(0.02, beta=0.9, eps=1e-7, weight_decay=0.01, adam_b1=0.8, adam_b2=0.95,
+                            adam_weight_decay=0.02),
+     lambda: optax.contrib.muon(0.02, beta=0.9, eps=1e-7, weight_decay=0.01, adam_b1=0.8, adam_b2=0.95,
+                                adam_weight_decay=0.02)),
+    ("muon_without_nesterov", lambda: O.muon(0.02, nesterov=False, adam_learning_rate=0.01),
+     lambda: optax.contrib.muon(0.02, nesterov=False, adam_learning_rate=0.01)),
     ("schedule_free_adamw", lambda: O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01),
      lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),

@@ -15,6 +15,7 @@ from updax._modern_optimizers import (
     fromage,
     lars,
     lion,
+    muon,
     nadam,
     nadamw,
     novograd,
@@ -30,6 +31,7 @@ __all__ = [
     # Axon's set
     "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
     # what users reach for today
-    "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "nadam", "nadamw", "novograd",
+    "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "muon", "nadam",
+    "nadamw", "novograd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
 ]

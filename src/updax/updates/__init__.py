@@ -27,6 +27,7 @@ from updax.updates._factored import (
     scale_by_muon,
     scale_by_newton_schulz,
     scale_by_param_block_rms,
+    scale_by_shape,
     scale_by_sm3,
 )
 from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
@@ -82,6 +83,7 @@ __all__ = [
     "scale_by_rprop",
     "scale_by_rss",
     "scale_by_schedule",
+    "scale_by_shape",
     "scale_by_sign",
     "scale_by_sm3",
     "scale_by_state",

@@ -511,3 +511,39 @@ def scale_by_muon(ns_coeffs=_NS_COEFFS, ns_steps=5, beta=0.95, eps=1e-8, nestero
                    nesterov=check.flag(call, "nesterov", nesterov),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
     return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options, static=("ns_steps",))
+
+
+def _shape_scale(g):
+    if g.ndim != 2:
+        return g
+    fan_in, fan_out = g.shape
+    c = _tree.compute_dtype(g.dtype)
+    return (g.astype(c) * max(1.0, fan_out / fan_in) ** 0.5).astype(g.dtype)
+
+
+def _apply_scale_by_shape(updates, params):
+    return jax.tree.map(_shape_scale, updates)
+
+
+@combinator
+def scale_by_shape():
+    """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
+
+    Update rule: ``u ← u·sqrt(max(1, n/m))`` for a 2-D leaf of shape
+    ``(m, n)`` (input dimension first); other leaves pass unchanged.
+
+    Returns:
+        A stateless update object.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_shape()
+        >>> opt.update({"w": jnp.ones((2, 8)), "b": jnp.ones(8)}, opt.init(None))[0]["w"][0, 0]
+        Array(2., dtype=float32)
+
+    References:
+        Jordan et al., "Muon: An optimizer for hidden layers in neural
+        networks", 2024; optax.contrib.scale_by_shape.
+    """
+    return stateless(_apply_scale_by_shape, name="scale_by_shape")
