@@ -131,3 +131,15 @@ def test_a_schedule_object_in_scale_by_schedule_is_a_leaf_not_evaluated_by_the_s
         u, _ = step(opt, g, opt.init(g))
         np.testing.assert_allclose(u["w"], init_value, rtol=1e-6)
     assert len(traces) == 1
+
+
+def test_bf16_moments_do_not_round_b2_to_one():
+    # In bfloat16, 0.999 rounds to 1.0 and 1 - b2 to 0: a second moment updated in bf16 arithmetic would stay 0.
+    assert float(jnp.asarray(0.999, jnp.bfloat16)) == 1.0
+    opt = ux.scale_by_adam(b2=0.999, mu_dtype=jnp.bfloat16, nu_dtype=jnp.bfloat16)
+    params = {"w": jnp.zeros(3, jnp.bfloat16)}
+    g = {"w": jnp.asarray([1.0, 2.0, -4.0], jnp.bfloat16)}
+    _, state = jax.jit(opt.update)(g, opt.init(params), params)
+    nu = opt.get_state(state, "scale_by_adam.nu")["w"]
+    assert nu.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(nu, np.float32), [0.001, 0.004, 0.016], rtol=1e-2)
