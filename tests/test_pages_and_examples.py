@@ -1,9 +1,11 @@
-"""Every Python block of the README and the docs runs, and the examples run."""
+"""Every Python block of the README and the docs runs, the examples run, and the docs cover every export."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import doctest
+import inspect
 import io
 import pathlib
 import re
@@ -11,6 +13,9 @@ import subprocess
 import sys
 
 import pytest
+
+import updax as ux
+from registry import catalogue_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -35,6 +40,49 @@ def test_every_python_block_of_a_page_runs(page):
         else:
             with contextlib.redirect_stdout(io.StringIO()):
                 exec(compile(code, name, "exec"), namespace)
+
+
+def _catalogue_rows(text):
+    """{name: options cell} for each table row whose first cell is one backticked name."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 2 and re.fullmatch(r"`\w+`", cells[0]):
+            rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def _documented_signature(cell):
+    """{option: default or EMPTY} from the backticked option lists of a catalogue cell."""
+    options = {}
+    for chunk in re.findall(r"`([^`]*)`", cell):
+        try:
+            args = ast.parse(f"def f({chunk}): pass").body[0].args
+        except SyntaxError:
+            continue  # prose such as `count -> step size`
+        positional = args.posonlyargs + args.args
+        defaults = [None] * (len(positional) - len(args.defaults)) + args.defaults + args.kw_defaults
+        for arg, default in zip(positional + args.kwonlyargs, defaults):  # None: no default
+            options[arg.arg] = inspect.Parameter.empty if default is None else ast.literal_eval(default)
+    return options
+
+
+def test_every_catalogue_entry_and_optimizer_is_documented():
+    """Each exported combinator has a catalogue row with its signature, each optimizer a section with its pipeline."""
+    catalogue = (ROOT / "docs" / "catalogue.md").read_text()
+    rows = _catalogue_rows(catalogue)
+    missing = [name for name in catalogue_names() if name not in rows]
+    assert not missing, f"docs/catalogue.md has no row for {missing}"
+    for name in catalogue_names():
+        documented = _documented_signature(rows[name])
+        actual = {p.name: p.default for p in inspect.signature(getattr(ux.updates, name)).parameters.values()
+                  if p.name != "inner"}  # a wrapper's parent pipeline is not an option
+        assert documented == actual, f"docs/catalogue.md, row {name}: {documented} != the signature's {actual}"
+
+    optimizers = (ROOT / "docs" / "optimizers.md").read_text()
+    for name in ux.optimizers.__all__:
+        assert re.search(rf"^#+ `?{name}`?$", optimizers, re.M), f"docs/optimizers.md has no section for {name}"
+        assert f"print(ux.optimizers.{name}(" in optimizers, f"docs/optimizers.md does not print {name}'s pipeline"
 
 
 def _run(script):

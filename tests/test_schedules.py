@@ -83,6 +83,12 @@ def _plain_halving(count):
 
 # name: (updax schedule, optax schedule, closed form of T)
 CASES = {
+    # optax has no relative-step schedule (its adafactor takes a given rate): the "optax" side is the
+    # paper's formula in jnp, next to the numpy closed form.
+    "relative_step": (
+        lambda: uxs.relative_step(0.2),
+        lambda: (lambda c: jnp.minimum(0.2, jax.lax.rsqrt(c.astype(jnp.float32) + 1.0))),
+        lambda t: np.minimum(0.2, 1.0 / np.sqrt(t + 1.0))),
     "constant": (
         lambda: uxs.constant(0.3),
         lambda: optax.constant_schedule(0.3),

@@ -40,6 +40,7 @@ __all__ = [
     "piecewise_constant",
     "piecewise_interpolate",
     "polynomial_decay",
+    "relative_step",
     "sgdr",
     "warmup_cosine_decay",
     "warmup_exponential_decay",
