@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax import _validate as check
 from updax._core import combinator, stateful, stateless
-from updax.updates._scaling import ScaleByAdamState, _adam_like_init, _bias_corrections
+from updax.updates._scaling import _adam_like_init, _adam_like_update, _adam_options, _bias_corrections
 
 # --------------------------------------------------------------------------
 # States
@@ -198,10 +198,7 @@ def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None,
         https://openreview.net/forum?id=ryQu7f-RZ
     """
     call = "scale_by_amsgrad"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
     return stateful(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, name=call, options=options)
 
 
@@ -220,9 +217,7 @@ def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
         v = jnp.maximum(jnp.abs(g32) + eps, b2 * v0.astype(c))
         return ((m / c1) / v).astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_adamax", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_adamax", leaf, updates, state, count)
 
 
 @combinator
@@ -290,9 +285,7 @@ def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
         u = m_hat / (jnp.sqrt(v / c2 + eps_root) + eps)
         return u.astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
-    u, mu, nu = _tree.tree_map_unzip("scale_by_nadam", leaf, 3, updates, state.mu, state.nu,
-                                     names=("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return _adam_like_update("scale_by_nadam", leaf, updates, state, count)
 
 
 @combinator
@@ -335,10 +328,7 @@ def scale_by_nadam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, n
         workshop. https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
     """
     call = "scale_by_nadam"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
     return stateful(_adam_like_init, _apply_scale_by_nadam, name=call, options=options)
 
 
