@@ -143,3 +143,14 @@ def test_bf16_moments_do_not_round_b2_to_one():
     nu = opt.get_state(state, "scale_by_adam.nu")["w"]
     assert nu.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(nu, np.float32), [0.001, 0.004, 0.016], rtol=1e-2)
+
+
+def test_extra_keywords_reach_stages_inside_wrappers():
+    g = {"w": jnp.ones(1)}
+    for opt in [ux.reduce_on_plateau(factor=0.5, patience=1).accumulate_gradients(1),
+                ux.masked(ux.reduce_on_plateau(factor=0.5, patience=1), {"w": True}),
+                ux.partition({"a": ux.reduce_on_plateau(factor=0.5, patience=1)}, {"w": "a"})]:
+        state = opt.init(g)
+        for loss in [1.0, 1.0, 1.0]:
+            u, state = opt.update(g, state, g, loss=loss)
+        assert float(u["w"][0]) == 0.25, opt

@@ -87,7 +87,7 @@ def _init_accumulate_gradients(params, *, inner):
                                     count=_tree.zero_count())
 
 
-def _apply_accumulate_gradients(updates, state, params, *, inner, steps):
+def _apply_accumulate_gradients(updates, state, params, *, inner, steps, **extra):
     accumulated = _tree.tree_map("accumulate_gradients", lambda g, a: a + g.astype(a.dtype), updates,
                                  state.accumulated, names=("updates", "state.accumulated"))
     count = state.count + 1
@@ -96,7 +96,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps):
     def run(operand):
         total, inner_state = operand
         mean = jax.tree.map(lambda a, g: (a / steps).astype(g.dtype), total, updates)
-        return inner.update(mean, inner_state, params)
+        return inner.update(mean, inner_state, params, **extra)
 
     def wait(operand):
         shapes = jax.eval_shape(run, operand)[0]

@@ -27,12 +27,12 @@ def _init_schedule_free(params, *, inner, state_dtype):
                              max_lr=jnp.zeros([], jnp.float32))
 
 
-def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, weight_lr_power):
+def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, weight_lr_power, **extra):
     max_lr = jnp.maximum(state.max_lr, learning_rate)
     weight = max_lr**weight_lr_power
     weight_sum = state.weight_sum + weight
     ck = jnp.where(weight_sum > 0, weight / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
-    steps, inner_state = inner.update(updates, state.inner, params)
+    steps, inner_state = inner.update(updates, state.inner, params, **extra)
 
     def leaf(y, z0, u):
         c = _tree.compute_dtype(y.dtype, z0.dtype)

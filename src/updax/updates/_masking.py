@@ -42,7 +42,7 @@ def _init_partition(params, *, transforms, labels):
                                  for name, opt in transforms.items()})
 
 
-def _apply_partition(updates, state, params, *, transforms, labels):
+def _apply_partition(updates, state, params, *, transforms, labels, **extra):
     labels = _resolve("partition", labels, updates if params is None else params, "labels")
     _tree.check_same_structure("partition", labels, updates, "labels", "updates")
     unknown = sorted({str(label) for label in jax.tree.leaves(labels)} - set(transforms))
@@ -53,7 +53,7 @@ def _apply_partition(updates, state, params, *, transforms, labels):
     for name, opt in transforms.items():
         keep = (lambda label, n=name: label == n)
         sub_params = None if params is None else _select(params, labels, keep)
-        out, inner[name] = opt.update(_select(updates, labels, keep), state.inner[name], sub_params)
+        out, inner[name] = opt.update(_select(updates, labels, keep), state.inner[name], sub_params, **extra)
         outs[name] = treedef.flatten_up_to(jax.tree.map(lambda x, label: x, out, labels,
                                                         is_leaf=lambda x: x is None))
     merged = [outs[label][i] for i, label in enumerate(leaves_labels)]
@@ -107,11 +107,11 @@ def _init_masked(params, *, inner, mask):
     return MaskedState(inner=inner.init(_select(params, mask, bool)))
 
 
-def _apply_masked(updates, state, params, *, inner, mask):
+def _apply_masked(updates, state, params, *, inner, mask, **extra):
     mask = _resolve("masked", mask, updates if params is None else params, "mask")
     _tree.check_same_structure("masked", mask, updates, "mask", "updates")
     sub_params = None if params is None else _select(params, mask, bool)
-    out, inner_state = inner.update(_select(updates, mask, bool), state.inner, sub_params)
+    out, inner_state = inner.update(_select(updates, mask, bool), state.inner, sub_params, **extra)
     out_leaves = jax.tree.structure(mask).flatten_up_to(jax.tree.map(lambda x, m: x, out, mask,
                                                                       is_leaf=lambda x: x is None))
     merged = [o if m else u for o, u, m in zip(out_leaves, jax.tree.structure(mask).flatten_up_to(updates),
