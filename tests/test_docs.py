@@ -1,4 +1,8 @@
-"""Docstrings follow one template, and the documented defaults are the signature's."""
+"""Docstrings follow one template, and the documented defaults are the signature's.
+
+One check for every public function with options: the catalogue, the
+primitives, the optimizers and the schedules.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import updax as ux
 from registry import catalogue_names
 
 PUBLIC = catalogue_names() + ["stateless", "stateful"]
+DOCUMENTED = ([(ux, name) for name in PUBLIC] + [(ux.optimizers, name) for name in ux.optimizers.__all__]
+              + [(ux.schedules, name) for name in ux.schedules.__all__ if name != "Schedule"])
 
 
 def _args_section(doc):
@@ -29,20 +35,21 @@ def _args_section(doc):
     return entries
 
 
-@pytest.mark.parametrize("name", PUBLIC)
-def test_docstring_has_the_template_sections(name):
-    doc = inspect.getdoc(getattr(ux, name))
+@pytest.mark.parametrize("module, name", DOCUMENTED, ids=[f"{m.__name__}.{n}" for m, n in DOCUMENTED])
+def test_docstring_has_the_template_sections(module, name):
+    doc = inspect.getdoc(getattr(module, name))
     summary = doc.splitlines()[0]
     assert summary.endswith(".") and len(summary) < 100
-    sections = ["Returns:", "Example:"] + (["References:"] if name in catalogue_names() else [])
+    primitive = module is ux and name not in catalogue_names()
+    sections = ["Returns:", "Example:"] + ([] if primitive else ["References:"])
     positions = [doc.index(s) for s in sections]
     assert positions == sorted(positions)
     assert ">>> " in doc
 
 
-@pytest.mark.parametrize("name", PUBLIC)
-def test_documented_defaults_equal_the_signature(name):
-    fn = getattr(ux, name)
+@pytest.mark.parametrize("module, name", DOCUMENTED, ids=[f"{m.__name__}.{n}" for m, n in DOCUMENTED])
+def test_documented_defaults_equal_the_signature(module, name):
+    fn = getattr(module, name)
     documented = _args_section(inspect.getdoc(fn))
     parameters = [p for p in inspect.signature(fn).parameters.values() if p.name != "inner"]
     assert sorted(documented) == sorted(p.name for p in parameters)

@@ -7,7 +7,6 @@ with the optax schedule of the same meaning.
 
 from __future__ import annotations
 
-import ast
 import functools
 import inspect
 import pickle
@@ -21,7 +20,6 @@ import pytest
 
 import updax as ux
 import updax.schedules as uxs
-from test_docs import _args_section
 
 N = 40
 T = np.arange(N + 1, dtype=np.float64)
@@ -439,32 +437,6 @@ def test_the_public_module_exports_the_implementation():
 
     assert uxs.__all__ == _schedules.__all__
     assert all(getattr(uxs, name) is getattr(_schedules, name) for name in uxs.__all__)
-
-
-@pytest.mark.parametrize("name", PUBLIC)
-def test_docstring_follows_the_template(name):
-    doc = inspect.getdoc(getattr(uxs, name))
-    summary = doc.splitlines()[0]
-    assert summary.endswith(".") and len(summary) < 100
-    positions = [doc.index(s) for s in ("Args:", "Returns:", "Example:", "References:")]
-    assert positions == sorted(positions)
-    assert ">>> " in doc
-
-
-@pytest.mark.parametrize("name", PUBLIC)
-def test_documented_defaults_equal_the_signature(name):
-    schedule = getattr(uxs, name)
-    documented = _args_section(inspect.getdoc(schedule))
-    parameters = list(inspect.signature(schedule).parameters.values())
-    assert sorted(documented) == sorted(p.name for p in parameters)
-    for p in parameters:
-        text = documented[p.name]
-        if p.default is inspect.Parameter.empty:
-            assert "No default." in text, (name, p.name)
-        else:
-            found = re.search(r"Default: ``(.+?)``", text)
-            assert found, (name, p.name, text)
-            assert ast.literal_eval(found.group(1)) == p.default, (name, p.name)
 
 
 def test_polaris_names_and_defaults():
