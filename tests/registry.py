@@ -49,7 +49,15 @@ ENTRIES = {
     "centralize": lambda: ux.centralize(),
     "add_decayed_weights": lambda: ux.add_decayed_weights(decay=0.1),
     "add_noise": lambda: ux.add_noise(eta=0.01, gamma=0.55, key=3),
-    "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(2),
+    "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(
+        2, should_skip=ux.skip_large_updates(1e6)),
+    "apply_if_finite": lambda: ux.scale_by_adam().scale(-0.1).apply_if_finite(3),
+    "ema": lambda: ux.ema(0.9, debias=True, init=0.5, decay_min=True, keep_previous=True),
+    "sma": lambda: ux.sma(3),
+    "weighted_moving_average": lambda: ux.weighted_moving_average(0.8),
+    "ema_params": lambda: ux.scale(-0.1).ema_params(0.9, decay_min=True),
+    "swa": lambda: ux.scale(-0.1).swa(start=2, period=1),
+    "freeze": lambda: ux.scale(-0.1).freeze(_matrices),
     "scale_by_lion": lambda: ux.scale_by_lion(b1=0.9, b2=0.99),
     "scale_by_amsgrad": lambda: ux.scale_by_amsgrad(b1=0.8, b2=0.95, eps=1e-8, eps_root=0.0),
     "scale_by_adamax": lambda: ux.scale_by_adamax(b1=0.8, b2=0.95, eps=1e-8),
@@ -77,16 +85,17 @@ ENTRIES = {
 
 #: Entries whose ``update`` needs ``params``.
 NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free",
-                "scale_by_param_block_rms"}
+                "scale_by_param_block_rms", "ema_params", "swa"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
-            "scale_by_newton_schulz", "scale_by_shape"}
+            "scale_by_newton_schulz", "scale_by_shape", "freeze"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
-                   "schedule_free_eval_params"}
+                   "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite",
+                   "skip_large_updates"}
 
 
 def catalogue_names():

@@ -57,12 +57,12 @@ def test_wrapper_pipe_forms_are_equal_and_print_unambiguously():
              toolz.thread_first(inner, (ux.accumulate_gradients, 4))]
     assert all(f == forms[0] for f in forms)
     assert len(forms[0].stages) == 1
-    assert repr(forms[0]).endswith("scale(step_size=-0.1) |> accumulate_gradients(steps=4)")
+    assert repr(forms[0]).endswith("scale(step_size=-0.1) |> accumulate_gradients(steps=4, mean=True)")
     # Composed after another stage, the wrapper wraps only its own pipeline; the repr says so.
     composed = ux.compose(ux.clip(1.0), forms[0])
     assert repr(composed) == (
         "clip(delta=1.0) |> accumulate_gradients(scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15)"
-        " |> scale(step_size=-0.1), steps=4)"
+        " |> scale(step_size=-0.1), steps=4, mean=True)"
     )
 
 
@@ -251,7 +251,7 @@ def test_state_paths_reach_into_wrapped_pipelines():
     state = opt.init({"w": jnp.zeros(1)})
     for _ in range(4):
         _, state = opt.update({"w": jnp.ones(1)}, state)
-    assert int(opt.get_state(state, "accumulate_gradients.count")) == 0
+    assert int(opt.get_state(state, "accumulate_gradients.mini_step")) == 0
     assert int(opt.get_state(state, "accumulate_gradients/scale_by_adam.count")) == 2
     state = opt.replace_state(state, "accumulate_gradients/scale_by_adam.count", 10)
     assert int(state[0].inner[0].count) == 10 and state[0].inner[0].count.dtype == jnp.int32

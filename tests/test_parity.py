@@ -253,7 +253,7 @@ def test_accumulate_gradients_matches_multisteps():
                               every_k_schedule=k, use_grad_mean=True)
     ux_state, ox_state = run_pair(ux_opt, ox_opt, n_steps=n, lr=1.0, jit=True)  # eager lax.cond is slow
 
-    count = ux_opt.get_state(ux_state, "accumulate_gradients.count")
+    count = ux_opt.get_state(ux_state, "accumulate_gradients.mini_step")
     assert int(count) == int(ox_state.mini_step) == n % k
     for name in ("mu", "nu", "count"):
         assert_trees_close(ux_opt.get_state(ux_state, f"accumulate_gradients/scale_by_adam.{name}"),

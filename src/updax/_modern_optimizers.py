@@ -484,10 +484,9 @@ def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, de
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
-    |> scale(learning_rate) |> scale_by_param_block_rms() |> [trace(momentum) |> scale(1 - momentum)]
+    |> scale(learning_rate) |> scale_by_param_block_rms() |> [ema(momentum, debias=False)]
     |> [add_decayed_weights(weight_decay_rate)] |> scale(-1.0)``; bracketed
-    stages only when their option is set. ``trace |> scale(1 - momentum)`` is
-    exactly the undebiased EMA of the updates. With ``learning_rate=None`` the
+    stages only when their option is set. With ``learning_rate=None`` the
     paper's relative step ``min(1e-2, 1/sqrt(t))`` is used, which together
     with ``multiply_by_parameter_scale`` gives the paper's default rule.
 
@@ -531,7 +530,7 @@ def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, de
     if multiply_by_parameter_scale:
         opt = opt.scale_by_param_block_rms()
     if momentum is not None:
-        opt = opt.trace(decay=momentum).scale(1.0 - momentum)
+        opt = opt.ema(momentum, debias=False)
     if weight_decay_rate is not None:
         opt = opt.add_decayed_weights(decay=weight_decay_rate)
     return opt.scale(-1.0)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _INT32_MAX = jnp.iinfo(jnp.int32).max
 
@@ -84,6 +87,15 @@ def accumulator_like(leaf, dtype, fill=0.0):
 def accumulators(params, dtype, fill=0.0):
     """A tree of accumulators shaped like ``params`` (see :func:`accumulator_like`)."""
     return jax.tree.map(lambda p: accumulator_like(p, dtype, fill), params)
+
+
+def is_scalar(value) -> bool:
+    """A real number or a 0-d array (not a bool, not a tree)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, numbers.Real):
+        return True
+    return isinstance(value, (jax.Array, np.ndarray, np.generic)) and jnp.ndim(value) == 0
 
 
 def zero_count():

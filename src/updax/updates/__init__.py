@@ -6,8 +6,15 @@ optional leading parent (``scale(parent, 0.1)``) and is also a fluent method
 of every update object (``parent.scale(0.1)``).
 """
 
-from updax._core import apply_updates, combinator, compose, identity, stateful, stateless
-from updax.updates._accumulation import accumulate_gradients, trace
+from updax._core import (
+    apply_updates,
+    combinator,
+    compose,
+    identity,
+    stateful,
+    stateless,
+)
+from updax.updates._accumulation import accumulate_gradients, has_updated, trace
 from updax.updates._adaptive import (
     scale_by_adadelta,
     scale_by_adamax,
@@ -19,7 +26,13 @@ from updax.updates._adaptive import (
     scale_by_rprop,
     scale_by_sign,
 )
-from updax.updates._averaging import schedule_free, schedule_free_eval_params
+from updax.updates._averaging import (
+    averaged_params,
+    ema_params,
+    schedule_free,
+    schedule_free_eval_params,
+    swa,
+)
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._factored import (
     clip_by_block_rms,
@@ -31,7 +44,8 @@ from updax.updates._factored import (
     scale_by_sm3,
 )
 from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
-from updax.updates._masking import masked, partition
+from updax.updates._masking import freeze, masked, partition
+from updax.updates._moving_averages import ema, sma, weighted_moving_average
 from updax.updates._noise_decay import add_decayed_weights, add_noise
 from updax.updates._scaling import (
     scale,
@@ -46,19 +60,26 @@ from updax.updates._scaling import (
     scale_by_trust_ratio,
     scale_by_yogi,
 )
+from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
 
 __all__ = [
     "accumulate_gradients",
     "add_decayed_weights",
     "add_noise",
+    "apply_if_finite",
     "apply_updates",
+    "averaged_params",
     "centralize",
     "clip",
     "clip_by_block_rms",
     "clip_by_global_norm",
     "combinator",
     "compose",
+    "ema",
+    "ema_params",
+    "freeze",
     "global_norm",
+    "has_updated",
     "identity",
     "masked",
     "partition",
@@ -92,7 +113,12 @@ __all__ = [
     "scale_by_yogi",
     "schedule_free",
     "schedule_free_eval_params",
+    "skip_large_updates",
+    "skip_not_finite",
+    "sma",
     "stateful",
     "stateless",
+    "swa",
     "trace",
+    "weighted_moving_average",
 ]

@@ -75,75 +75,145 @@ def trace(decay=0.9, nesterov=False, *, accumulator_dtype=None):
 
 
 class AccumulateGradientsState(NamedTuple):
-    """The wrapped pipeline's state, the running sum of updates, and calls since the last step."""
+    """The multi-step wrapper's state.
+
+    ``inner`` is the wrapped pipeline's state, ``accumulated`` the sum of the
+    updates since its last step, ``mini_step`` how many there are,
+    ``gradient_step`` how many steps the wrapped pipeline has taken,
+    ``updated`` whether the last call ran it, and ``skip`` what the skip
+    function reported on the last call (``{}`` without one).
+    """
 
     inner: tuple
     accumulated: object
-    count: jax.Array
+    mini_step: jax.Array
+    gradient_step: jax.Array
+    updated: jax.Array
+    skip: dict
 
 
-def _init_accumulate_gradients(params, *, inner):
+def _skip_record(should_skip, params):
+    """The skip function's record with every field zero: its structure is fixed at init."""
+    if should_skip is None:
+        return {}
+    shapes = jax.eval_shape(lambda p: should_skip(p, _tree.zero_count(), p)[1], params)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _init_accumulate_gradients(params, *, inner, should_skip):
     return AccumulateGradientsState(inner=inner.init(params), accumulated=_tree.accumulators(params, None),
-                                    count=_tree.zero_count())
+                                    mini_step=_tree.zero_count(), gradient_step=_tree.zero_count(),
+                                    updated=jnp.zeros([], bool), skip=_skip_record(should_skip, params))
 
 
-def _apply_accumulate_gradients(updates, state, params, *, inner, steps, **extra):
-    accumulated = _tree.tree_map("accumulate_gradients", lambda g, a: a + g.astype(a.dtype), updates,
-                                 state.accumulated, names=("updates", "state.accumulated"))
-    count = state.count + 1
-    ready = count >= steps
+def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, should_skip, **extra):
+    if should_skip is None:
+        skip, record = jnp.zeros([], bool), {}
+    else:
+        skip, record = should_skip(updates, state.gradient_step, params)
+        skip = jnp.asarray(skip, bool)
+        _tree.check_same_structure("accumulate_gradients", state.skip, record, "the skip record at init",
+                                   "the skip function's record")
+    k = jnp.asarray(steps(state.gradient_step) if callable(steps) else steps, jnp.int32)
+    accumulated = _tree.tree_map("accumulate_gradients", lambda a, g: a + g.astype(a.dtype), state.accumulated,
+                                 updates, names=("state.accumulated", "updates"))
+    mini_step = state.mini_step + 1
+    ready = (mini_step >= k) & ~skip
 
     def run(operand):
         total, inner_state = operand
-        mean = jax.tree.map(lambda a, g: (a / steps).astype(g.dtype), total, updates)
-        return inner.update(mean, inner_state, params, **extra)
+        scale = k.astype(jnp.float32) if mean else jnp.ones([], jnp.float32)
+        step = jax.tree.map(lambda a, g: (a / scale.astype(a.dtype)).astype(g.dtype), total, updates)
+        return inner.update(step, inner_state, params, **extra)
 
     def wait(operand):
         shapes = jax.eval_shape(run, operand)[0]
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), operand[1]
 
     out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))
-    accumulated = jax.tree.map(lambda a: jnp.where(ready, jnp.zeros_like(a), a), accumulated)
-    return out, AccumulateGradientsState(inner=inner_state, accumulated=accumulated,
-                                         count=jnp.where(ready, 0, count).astype(count.dtype))
+    accumulated = jax.tree.map(lambda new, old: jnp.where(skip, old, jnp.where(ready, jnp.zeros_like(new), new)),
+                               accumulated, state.accumulated)
+    return out, AccumulateGradientsState(
+        inner=inner_state, accumulated=accumulated,
+        mini_step=jnp.where(skip, state.mini_step, jnp.where(ready, 0, mini_step)).astype(mini_step.dtype),
+        gradient_step=jnp.where(ready, _tree.safe_increment(state.gradient_step), state.gradient_step),
+        updated=ready, skip=record)
 
 
 @combinator(wraps=True)
-def accumulate_gradients(inner: Update, steps):
+def accumulate_gradients(inner: Update, steps, *, mean=True, should_skip=None):
     """Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates.
 
     Between those calls it emits zeros and leaves the wrapped pipeline's
     state untouched. It wraps everything before it:
     ``ux.trace().accumulate_gradients(4)`` runs ``trace`` on the mean of each
-    4 updates (Polaris divides only the current update by the count).
+    4 updates (Polaris divides only the current update by the count). This
+    is optax's ``MultiSteps`` as a stage: :func:`has_updated` tells whether a
+    call stepped.
 
-    Update rule: ``a ← a + g``; on every ``steps``-th call
-    ``u = inner(a / steps)`` and ``a ← 0``, otherwise ``u = 0``.
+    Update rule: ``a ← a + g``; on every ``k``-th call ``u = inner(a / k)``
+    (``inner(a)`` with ``mean=False``) and ``a ← 0``, otherwise ``u = 0``.
+
+    A skip function ``should_skip(updates, gradient_step, params) -> (skip,
+    record)`` (e.g. :func:`skip_not_finite`, :func:`skip_large_updates`) can
+    reject a call: it emits zeros and leaves the state bit-identical except
+    ``updated`` (False) and ``skip`` (the record of why).
 
     Args:
-        steps: the number of calls accumulated per step, an integer >= 1.
-            No default.
+        steps: ``k``, the calls accumulated per step: an integer >= 1, or a
+            function ``gradient_step -> k`` (a varying accumulation). No
+            default.
+        mean: divide the sum by ``k``; False steps on the sum. Default:
+            ``True``.
+        should_skip: a skip function, or None. Default: ``None``.
 
     Returns:
-        An update object with state
-        ``AccumulateGradientsState(inner, accumulated, count)``.
+        An update object with state ``AccumulateGradientsState(inner,
+        accumulated, mini_step, gradient_step, updated, skip)``.
 
     Example:
         >>> import jax.numpy as jnp
         >>> import updax as ux
         >>> opt = ux.scale(-1.0).accumulate_gradients(2)
         >>> opt
-        scale(step_size=-1.0) |> accumulate_gradients(steps=2)
+        scale(step_size=-1.0) |> accumulate_gradients(steps=2, mean=True)
         >>> state = opt.init({"w": jnp.zeros(1)})
         >>> u1, state = opt.update({"w": jnp.array([1.0])}, state)
         >>> u2, state = opt.update({"w": jnp.array([3.0])}, state)
-        >>> u1["w"], u2["w"]
-        (Array([0.], dtype=float32), Array([-2.], dtype=float32))
+        >>> u1["w"], u2["w"], ux.has_updated(state)
+        (Array([0.], dtype=float32), Array([-2.], dtype=float32), Array(True, dtype=bool))
 
     References:
-        Axon.Loop's gradient accumulation; the mean-of-k semantics of
-        optax.MultiSteps.
+        Axon.Loop's gradient accumulation; optax.MultiSteps (mini_step,
+        gradient_step, should_skip_update_fn).
     """
-    steps = check.positive_int("accumulate_gradients", "steps", steps)
-    return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name="accumulate_gradients",
-                    options=dict(inner=inner, steps=steps), wraps="inner")
+    call = "accumulate_gradients"
+    if not callable(steps):
+        steps = check.positive_int(call, "steps", steps)
+    if should_skip is not None:
+        check.function(call, "should_skip", should_skip)
+    options = dict(inner=inner, steps=steps, mean=check.flag(call, "mean", mean), should_skip=should_skip)
+    return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name=call, options=options,
+                    wraps="inner", callables=("steps", "should_skip"))
+
+
+def has_updated(state) -> jax.Array:
+    """Whether the last call of an ``accumulate_gradients`` stage ran the pipeline it wraps.
+
+    Args:
+        state: the state of a pipeline holding exactly one
+            ``accumulate_gradients`` stage (at any depth), or that stage's
+            ``AccumulateGradientsState``. No default.
+
+    Returns:
+        A boolean scalar array (usable under ``jax.jit``).
+
+    Example:
+        See :func:`accumulate_gradients`.
+    """
+    found = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, AccumulateGradientsState))
+             if isinstance(s, AccumulateGradientsState)]
+    if len(found) != 1:
+        raise ValueError(f"has_updated: the state holds {len(found)} accumulate_gradients states; "
+                         "pass the one to read")
+    return found[0].updated

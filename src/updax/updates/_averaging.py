@@ -1,4 +1,4 @@
-"""Averaging of iterates: schedule-free learning."""
+"""Averaging of iterates: schedule-free learning, and EMA/SWA averages of the params kept in the state."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import Update, combinator, stateful
+from updax._core import Update, apply_updates, combinator, stateful
+from updax.updates._moving_averages import _blend, _warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
@@ -118,3 +119,183 @@ def schedule_free_eval_params(opt: Update, state, params):
         return ((y.astype(c) - (1 - b1) * zi.astype(c)) / b1).astype(y.dtype)
 
     return _tree.tree_map("schedule_free_eval_params", leaf, params, z, names=("params", "state.z"))
+
+
+# --------------------------------------------------------------------------
+# Averages of the params kept in the optimizer state: EMA (Polyak) and SWA.
+
+
+def _copy(params, dtype):
+    return jax.tree.map(lambda p: jnp.array(p, dtype=_tree.accumulator_like(p, dtype).dtype), params)
+
+
+def _mix(average, params, updates, keep):
+    """``keep·average + (1 - keep)·p'`` for the params ``p'`` after this step (as apply_updates makes them)."""
+    new = apply_updates(params, updates)
+    return _tree.tree_map("the params average", lambda a, p: _blend(a, p, keep, 1.0 - keep), average, new,
+                          names=("state.average", "params"))
+
+
+class EmaParamsState(NamedTuple):
+    """The applied steps and the exponential moving average of the params after each."""
+
+    count: jax.Array
+    average: object
+
+
+def _init_ema_params(params, *, accumulator_dtype):
+    return EmaParamsState(count=_tree.zero_count(), average=_copy(params, accumulator_dtype))
+
+
+def _apply_ema_params(updates, state, params, *, decay, decay_min):
+    average = _mix(state.average, params, updates, _warmed_up(decay, state.count, decay_min))
+    return updates, EmaParamsState(count=_tree.safe_increment(state.count), average=average)
+
+
+@combinator
+def ema_params(decay=0.999, *, decay_min=False, accumulator_dtype=None):
+    """Keeps an exponential moving average (Polyak averaging) of the params in the state.
+
+    Put it last in the pipeline: it sees the final updates, averages the
+    params they produce and passes the updates on unchanged. Read the
+    average with :func:`averaged_params`; the training params are untouched.
+    Update rule (``n`` the steps applied before this one)::
+
+        p' = p + u
+        a ← b·a + (1 - b)·p',   a starts at the initial params
+        b = decay,  or min(decay, (1 + n) / (10 + n)) with decay_min
+
+    Args:
+        decay: the decay, in [0, 1], or a schedule ``count -> decay``.
+            Default: ``0.999``.
+        decay_min: TensorFlow's warm-up of the decay (above). Default:
+            ``False``.
+        accumulator_dtype: storage dtype of the average; None keeps the params'
+            dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``EmaParamsState(count, average)``;
+        ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-1.0).ema_params(0.5)
+        >>> params = {"w": jnp.array([0.0])}
+        >>> state = opt.init(params)
+        >>> for _ in range(2):
+        ...     u, state = opt.update({"w": jnp.array([-2.0])}, state, params)
+        ...     params = ux.apply_updates(params, u)
+        >>> params["w"], ux.averaged_params(opt, state)["w"]  # 0.5·(0.5·0 + 0.5·2) + 0.5·4
+        (Array([4.], dtype=float32), Array([2.5], dtype=float32))
+
+    References:
+        Polyak & Juditsky, "Acceleration of stochastic approximation by
+        averaging", 1992; tf.train.ExponentialMovingAverage.
+    """
+    call = "ema_params"
+    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
+                   decay_min=check.flag(call, "decay_min", decay_min),
+                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_ema_params, _apply_ema_params, name=call, options=options, needs_params=True)
+
+
+class SwaState(NamedTuple):
+    """The applied steps, the snapshots taken, and their running mean."""
+
+    count: jax.Array
+    snapshots: jax.Array
+    average: object
+
+
+def _init_swa(params, *, accumulator_dtype):
+    return SwaState(count=_tree.zero_count(), snapshots=_tree.zero_count(), average=_copy(params, accumulator_dtype))
+
+
+def _apply_swa(updates, state, params, *, start, period):
+    step = state.count + 1
+    take = (step >= start) & ((step - start) % period == 0)
+    n = state.snapshots.astype(jnp.float32)
+    keep = jnp.where(take, n / (n + 1.0), 1.0)
+    average = _mix(state.average, params, updates, keep)
+    return updates, SwaState(count=_tree.safe_increment(state.count),
+                             snapshots=jnp.where(take, _tree.safe_increment(state.snapshots), state.snapshots),
+                             average=average)
+
+
+@combinator
+def swa(start=1, period=1, *, accumulator_dtype=None):
+    """Stochastic weight averaging: the equal-weight mean of params snapshots, kept in the state.
+
+    Put it last in the pipeline. After applied step ``t`` (from 1) with
+    ``t >= start`` and ``(t - start) % period == 0`` it takes a snapshot of
+    the params ``p' = p + u`` into the running mean (decay ``n / (n + 1)``
+    after ``n`` snapshots); the updates pass on unchanged. Read the mean
+    with :func:`averaged_params` (the initial params until the first
+    snapshot).
+
+    Args:
+        start: the first step whose params are averaged, an integer >= 1.
+            Default: ``1``.
+        period: the steps between snapshots, an integer >= 1. Default: ``1``.
+        accumulator_dtype: storage dtype of the mean; None keeps the params'
+            dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``SwaState(count, snapshots, average)``;
+        ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-1.0).swa(start=2, period=2)
+        >>> params = {"w": jnp.array([0.0])}
+        >>> state = opt.init(params)
+        >>> for _ in range(4):  # params 1, 2, 3, 4: snapshots after steps 2 and 4
+        ...     u, state = opt.update({"w": jnp.array([-1.0])}, state, params)
+        ...     params = ux.apply_updates(params, u)
+        >>> ux.averaged_params(opt, state)["w"]
+        Array([3.], dtype=float32)
+
+    References:
+        Izmailov et al., "Averaging Weights Leads to Wider Optima and Better
+        Generalization", UAI 2018. https://arxiv.org/abs/1803.05407
+    """
+    options = dict(start=check.integer("swa", "start", start, 1), period=check.positive_int("swa", "period", period),
+                   accumulator_dtype=check.float_dtype("swa", "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_swa, _apply_swa, name="swa", options=options, needs_params=True)
+
+
+_AVERAGING_STAGES = ("ema_params", "swa")
+
+
+def averaged_params(opt: Update, state, params=None, *, path=None):
+    """The params average an ``ema_params`` or ``swa`` stage keeps, as a params-shaped tree.
+
+    Args:
+        opt: the update object. No default.
+        state: its state. No default.
+        params: when given, each leaf of the average is cast to that param's
+            dtype (and the trees must match). Default: ``None`` (the stored
+            dtype).
+        path: the stage's state path, when there is not exactly one such
+            stage at the top of the pipeline (e.g. ``"swa[1]"`` or
+            ``"accumulate_gradients/ema_params"``). Default: ``None``.
+
+    Returns:
+        The averaged params; the training params are untouched.
+
+    Example:
+        See :func:`ema_params` and :func:`swa`.
+    """
+    if path is None:
+        found = [s.label for s in opt.stages if s.label in _AVERAGING_STAGES]
+        if len(found) != 1:
+            raise ValueError(f"averaged_params: {opt!r} has {len(found)} ema_params/swa stages at the top; "
+                             "name the one to read with path=")
+        path = found[0]
+    average = opt.get_state(state, f"{path}.average")
+    if params is None:
+        return average
+    _tree.check_same_structure("averaged_params", params, average, "params", "the average")
+    return jax.tree.map(lambda a, p: a.astype(jnp.asarray(p).dtype), average, params)

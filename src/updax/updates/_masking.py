@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from updax import _tree
-from updax._core import Update, combinator, stateful
+from updax._core import Update, combinator, stateful, stateless
 
 
 def _is_function(labels) -> bool:
@@ -144,3 +145,39 @@ def masked(inner: Update, mask):
     """
     return stateful(_init_masked, _apply_masked, name="masked", options=dict(inner=inner, mask=mask),
                     callables=("mask",), wraps="inner")
+
+
+def _apply_freeze(updates, params, *, mask):
+    mask = _resolve("freeze", mask, updates if params is None else params, "mask")
+    _tree.check_same_structure("freeze", mask, updates, "mask", "updates")
+    treedef = jax.tree.structure(mask)
+    merged = [jnp.zeros_like(u) if m else u for u, m in zip(treedef.flatten_up_to(updates), jax.tree.leaves(mask))]
+    return treedef.unflatten(merged)
+
+
+@combinator
+def freeze(mask):
+    """Zeroes the updates of the masked-in (frozen) leaves; the others pass through unchanged.
+
+    It stores no state. Put it after the stages that keep state to let them
+    skip the frozen leaves too: ``masked(pipeline, not-frozen)`` does that.
+
+    Args:
+        mask: a pytree of bools shaped like the params, True for the leaves
+            to freeze, or a function of the params returning one. No default.
+
+    Returns:
+        A stateless update object.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-0.1).freeze({"w": False, "embedding": True})
+        >>> g = {"w": jnp.ones(1), "embedding": jnp.ones(1)}
+        >>> opt.update(g, opt.init(g))[0]
+        {'embedding': Array([0.], dtype=float32), 'w': Array([-0.1], dtype=float32)}
+
+    References:
+        optax.transforms.freeze.
+    """
+    return stateless(_apply_freeze, name="freeze", options=dict(mask=mask), callables=("mask",))

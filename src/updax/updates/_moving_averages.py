@@ -1,0 +1,294 @@
+"""Moving averages of whatever flows through a stage: EMA, SMA, weighted EMA.
+
+Each takes the value as the ``updates`` argument of ``update`` and returns
+its average, so it averages updates inside a pipeline or any other value
+(a loss, a metric, a tree of statistics) on its own. The averages live in the
+state and checkpoint with the rest of the optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._core import combinator, stateful
+
+
+def _warmed_up(decay, count, decay_min):
+    """``min(decay, (1 + t) / (10 + t))`` when ``decay_min`` (TensorFlow's warm-up), else ``decay``."""
+    decay = jnp.asarray(decay, jnp.float32)
+    if not decay_min:
+        return decay
+    t = count.astype(jnp.float32)
+    return jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+
+
+def _blend(average, value, keep, take):
+    """``keep·average + take·value`` in at least float32, stored in ``average``'s dtype."""
+    c = _tree.compute_dtype(average.dtype, value.dtype)
+    return (keep.astype(c) * average.astype(c) + take.astype(c) * value.astype(c)).astype(average.dtype)
+
+
+def _output(average, value):
+    return average.astype(value.dtype)
+
+
+# --------------------------------------------------------------------------
+# ema
+
+
+class EmaState(NamedTuple):
+    """The observation count, their total weight ``1 - Π decays``, the average, and the one before."""
+
+    count: jax.Array
+    total_weight: jax.Array
+    ema: object
+    previous: object
+
+
+def _start(params, init, dtype, call):
+    """Accumulators shaped like ``params`` holding ``init`` (a number, or a tree shaped like ``params``)."""
+    if _tree.is_scalar(init):
+        return _tree.accumulators(params, dtype, init)
+    _tree.check_same_structure(call, params, init, "the values", "init")
+    return jax.tree.map(lambda p, i: jnp.broadcast_to(i, jnp.shape(p)).astype(
+        _tree.accumulator_like(p, dtype).dtype), params, init)
+
+
+def _init_ema(params, *, init, accumulator_dtype, keep_previous):
+    ema = _start(params, init, accumulator_dtype, "ema")
+    previous = jax.tree.map(lambda a: jnp.array(a, copy=True), ema) if keep_previous else None
+    return EmaState(count=_tree.zero_count(), total_weight=jnp.zeros([], jnp.float32), ema=ema, previous=previous)
+
+
+def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previous):
+    b = _warmed_up(decay, state.count, decay_min)
+    total_weight = b * state.total_weight + (1.0 - b)
+    if debias:
+        # The zero-debiased average (ema - init·Πb) / (1 - Πb) is the weighted mean of the
+        # observations: recur on it directly (the old mean has weight b·(1 - Πb_{t-1})).
+        safe = jnp.where(total_weight > 0, total_weight, 1.0)
+        keep = jnp.where(total_weight > 0, b * state.total_weight / safe, 1.0)
+        take = jnp.where(total_weight > 0, (1.0 - b) / safe, 0.0)
+    else:
+        keep, take = b, 1.0 - b
+    ema = _tree.tree_map("ema", lambda m, x: _blend(m, x, keep, take), state.ema, updates,
+                         names=("state.ema", "updates"))
+    out = jax.tree.map(_output, ema, updates)
+    return out, EmaState(count=_tree.safe_increment(state.count), total_weight=total_weight, ema=ema,
+                         previous=state.ema if keep_previous else None)
+
+
+@combinator
+def ema(decay, debias=True, *, init=0.0, decay_min=False, keep_previous=False, accumulator_dtype=None):
+    """Exponential moving average of the values that flow through it.
+
+    Update rule, for each observation ``x`` (``b`` the decay of this step)::
+
+        ema ← b·ema + (1 - b)·x,         ema starts at init
+        u = ema                           (debias=False)
+        u = (ema - init·Πb) / (1 - Πb)    (debias=True)
+
+    ``Πb`` is the product of the decays used so far (``b^t`` for a constant
+    decay). The debiased average is the weighted mean of the observations, so
+    it does not depend on ``init``; the state stores that average directly.
+
+    Args:
+        decay: the decay ``b``, in [0, 1], or a schedule ``count -> decay``.
+            No default.
+        debias: remove the bias towards ``init`` (Adam's bias correction).
+            Default: ``True``.
+        init: the starting value, a number or a tree shaped like the values.
+            Default: ``0.0``.
+        decay_min: TensorFlow's warm-up: step ``t`` (from 0) uses
+            ``min(decay, (1 + t) / (10 + t))``. Default: ``False``.
+        keep_previous: also keep the average before the last observation in
+            ``state.previous`` (the one to freeze for evaluation). Default:
+            ``False``.
+        accumulator_dtype: storage dtype of the average; None keeps the
+            values' dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``EmaState(count, total_weight, ema,
+        previous)``; it returns the current average.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.ema(0.5, debias=False)
+        >>> state = opt.init({"x": jnp.zeros(())})
+        >>> for x in [2.0, 4.0]:
+        ...     avg, state = opt.update({"x": jnp.array(x)}, state)
+        >>> avg["x"]  # 0.5·(0.5·0 + 0.5·2) + 0.5·4
+        Array(2.5, dtype=float32)
+        >>> ux.ema(0.5).update({"x": jnp.array(2.0)}, ux.ema(0.5).init({"x": jnp.zeros(())}))[0]["x"]
+        Array(2., dtype=float32)
+
+    References:
+        Kingma & Ba, "Adam", ICLR 2015 (zero-debias); tf.train.ExponentialMovingAverage
+        (``num_updates`` warm-up); optax.ema.
+    """
+    call = "ema"
+    if not (_tree.is_scalar(init) or jax.tree.leaves(init)):
+        check._fail(call, "init", init, "must be a number or a tree of arrays", TypeError)
+    if _tree.is_scalar(init):
+        init = check.real(call, "init", init)
+    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0), debias=check.flag(call, "debias", debias),
+                   init=init, decay_min=check.flag(call, "decay_min", decay_min),
+                   keep_previous=check.flag(call, "keep_previous", keep_previous),
+                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_ema, _apply_ema, name=call, options=options)
+
+
+# --------------------------------------------------------------------------
+# sma
+
+
+class SmaState(NamedTuple):
+    """The observation count and the last ``window`` observations (a ring buffer on a leading axis)."""
+
+    count: jax.Array
+    window_values: object
+
+
+def _init_sma(params, *, window, accumulator_dtype):
+    def buffer(p):
+        p = jnp.asarray(p)
+        return jnp.zeros((window,) + p.shape, accumulator_dtype or _tree.compute_dtype(p.dtype))
+
+    return SmaState(count=_tree.zero_count(), window_values=jax.tree.map(buffer, params))
+
+
+def _apply_sma(updates, state, params, *, window):
+    slot = state.count % window
+    seen = jnp.minimum(state.count + 1, window)
+
+    def leaf(buf, x):
+        buf = buf.at[slot].set(x.astype(buf.dtype))
+        c = _tree.compute_dtype(buf.dtype, x.dtype)
+        mean = jnp.sum(buf.astype(c), axis=0) / seen.astype(c)
+        return mean.astype(x.dtype), buf
+
+    out, buffers = _tree.tree_map_unzip("sma", leaf, 2, state.window_values, updates,
+                                        names=("state.window_values", "updates"))
+    return out, SmaState(count=_tree.safe_increment(state.count), window_values=buffers)
+
+
+@combinator
+def sma(window, *, accumulator_dtype=None):
+    """Simple moving average: the mean of the last ``window`` values.
+
+    Update rule: ``u = (x_{t-n+1} + ... + x_t) / n`` with ``n = min(t,
+    window)``, so before the window fills it is the mean of what has been seen.
+
+    Args:
+        window: the number of values averaged, an integer >= 1. No default.
+        accumulator_dtype: storage dtype of the window; None keeps the values'
+            dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``SmaState(count, window_values)``
+        (``window`` copies of the values).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.sma(2)
+        >>> state = opt.init(jnp.zeros(()))
+        >>> for x in [1.0, 3.0, 8.0]:
+        ...     avg, state = opt.update(jnp.array(x), state)
+        ...     print(float(avg))
+        1.0
+        2.0
+        5.5
+
+    References:
+        The simple moving average of signal processing; optax.contrib's
+        accumulation utilities.
+    """
+    options = dict(window=check.positive_int("sma", "window", window),
+                   accumulator_dtype=check.float_dtype("sma", "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_sma, _apply_sma, name="sma", options=options, static=("window",))
+
+
+# --------------------------------------------------------------------------
+# weighted moving average
+
+
+class WeightedMovingAverageState(NamedTuple):
+    """The EMA of ``value·weight`` and the EMA of ``weight`` (both without debiasing: it cancels)."""
+
+    weighted_sum: object
+    weight_sum: object
+
+
+def _init_weighted_moving_average(params, *, accumulator_dtype):
+    return WeightedMovingAverageState(weighted_sum=_tree.accumulators(params, accumulator_dtype),
+                                      weight_sum=_tree.accumulators(params, accumulator_dtype))
+
+
+def _apply_weighted_moving_average(updates, state, params, *, decay, weight=1.0):
+    b = jnp.asarray(decay, jnp.float32)
+    if _tree.is_scalar(weight):
+        weight = jax.tree.map(lambda _: weight, updates)
+    _tree.check_same_structure("weighted_moving_average", updates, weight, "updates", "weight")
+
+    def leaf(x, w, ws0, s0):
+        c = _tree.compute_dtype(x.dtype, s0.dtype)
+        w = jnp.asarray(w).astype(c)
+        s = b.astype(c) * s0.astype(c) + (1 - b).astype(c) * w * x.astype(c)
+        ws = b.astype(c) * ws0.astype(c) + (1 - b).astype(c) * w
+        mean = jnp.where(ws > 0, s / jnp.where(ws > 0, ws, 1), 0)
+        return mean.astype(x.dtype), s.astype(s0.dtype), jnp.broadcast_to(ws, jnp.shape(ws0)).astype(ws0.dtype)
+
+    out, sums, weights = _tree.tree_map_unzip("weighted_moving_average", leaf, 3, updates, weight,
+                                              state.weight_sum, state.weighted_sum,
+                                              names=("updates", "weight", "state.weight_sum",
+                                                     "state.weighted_sum"))
+    return out, WeightedMovingAverageState(weighted_sum=sums, weight_sum=weights)
+
+
+@combinator
+def weighted_moving_average(decay, *, accumulator_dtype=None):
+    """Weighted exponential moving average: ``EMA(value·weight) / EMA(weight)``.
+
+    Each ``update(values, state, weight=w)`` observes the values with weight
+    ``w`` (a number, or a tree of arrays broadcastable to the values' leaves,
+    e.g. a batch size or a mask; 1 when not given). Update rule::
+
+        s ← b·s + (1 - b)·w·x,   z ← b·z + (1 - b)·w,   u = s / z   (0 while z = 0)
+
+    The zero-debias factors of ``s`` and ``z`` are equal and cancel.
+
+    Args:
+        decay: the decay ``b``, in [0, 1], or a schedule ``count -> decay``.
+            No default.
+        accumulator_dtype: storage dtype of both averages; None keeps the
+            values' dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``WeightedMovingAverageState(weighted_sum,
+        weight_sum)``; ``update`` takes ``weight=``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.weighted_moving_average(0.5)
+        >>> state = opt.init(jnp.zeros(()))
+        >>> avg, state = opt.update(jnp.array(1.0), state, weight=3.0)
+        >>> avg, state = opt.update(jnp.array(5.0), state, weight=1.0)
+        >>> avg  # (0.5·0.5·3·1 + 0.5·1·5) / (0.5·0.5·3 + 0.5·1)
+        Array(2.6, dtype=float32)
+
+    References:
+        The weighted moving average of Keras/TensorFlow metrics (a mean
+        weighted by sample weights), with exponential forgetting.
+    """
+    call = "weighted_moving_average"
+    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
+                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_weighted_moving_average, _apply_weighted_moving_average, name=call, options=options)

@@ -1,0 +1,145 @@
+"""Skipping bad steps: non-finite or too large updates leave the state untouched."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._core import Update, combinator, stateful
+from updax.updates._clipping import global_norm
+
+
+def _count_not_finite(tree) -> jax.Array:
+    counts = [jnp.sum(~jnp.isfinite(x)).astype(jnp.int32) for x in jax.tree.leaves(tree)]
+    return sum(counts, jnp.zeros([], jnp.int32))
+
+
+def skip_not_finite(updates, gradient_step, params):
+    """A skip function for :func:`accumulate_gradients`: skip updates holding a NaN or an infinity.
+
+    Args:
+        updates: the updates of this call. No default.
+        gradient_step: the wrapped pipeline's step count (unused). No default.
+        params: the params (unused). No default.
+
+    Returns:
+        ``(skip, record)`` with ``record = {"should_skip", "num_not_finite"}``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-1.0).accumulate_gradients(1, should_skip=ux.skip_not_finite)
+        >>> state = opt.init({"w": jnp.zeros(2)})
+        >>> u, state = opt.update({"w": jnp.array([1.0, jnp.nan])}, state)
+        >>> u["w"], state[0].skip["num_not_finite"], ux.has_updated(state)
+        (Array([0., 0.], dtype=float32), Array(1, dtype=int32), Array(False, dtype=bool))
+    """
+    del gradient_step, params
+    num = _count_not_finite(updates)
+    skip = num > 0
+    return skip, {"should_skip": skip, "num_not_finite": num}
+
+
+@dataclasses.dataclass(frozen=True)
+class skip_large_updates:
+    """A skip function for :func:`accumulate_gradients`: skip updates whose squared global norm exceeds a bound.
+
+    ``skip_large_updates(max_squared_norm)`` is the skip function; it is a
+    value (equal for equal bounds), so pipelines holding it compare equal.
+
+    Args:
+        max_squared_norm: the largest squared global norm accepted, >= 0;
+            a non-finite norm is always skipped. No default.
+
+    Returns:
+        A skip function returning ``(skip, {"should_skip", "norm_squared"})``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> skip = ux.skip_large_updates(10.0)
+        >>> skip({"w": jnp.array([3.0, 1.0])}, 0, None)[0], skip({"w": jnp.array([3.0, 2.0])}, 0, None)[0]
+        (Array(False, dtype=bool), Array(True, dtype=bool))
+    """
+
+    max_squared_norm: float
+
+    def __post_init__(self):
+        bound = check.nonnegative("skip_large_updates", "max_squared_norm", self.max_squared_norm)
+        object.__setattr__(self, "max_squared_norm", float(bound))
+
+    def __call__(self, updates, gradient_step, params):
+        del gradient_step, params
+        norm_squared = jnp.square(global_norm(updates))
+        skip = ~(norm_squared <= self.max_squared_norm)  # also skips NaN
+        return skip, {"should_skip": skip, "norm_squared": norm_squared}
+
+
+class ApplyIfFiniteState(NamedTuple):
+    """The wrapped pipeline's state and the counts of non-finite steps (optax's names)."""
+
+    inner: tuple
+    notfinite_count: jax.Array
+    last_finite: jax.Array
+    total_notfinite: jax.Array
+
+
+def _init_apply_if_finite(params, *, inner):
+    return ApplyIfFiniteState(inner=inner.init(params), notfinite_count=_tree.zero_count(),
+                              last_finite=jnp.ones([], bool), total_notfinite=_tree.zero_count())
+
+
+def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_errors, **extra):
+    out, inner_state = inner.update(updates, state.inner, params, **extra)
+    finite = (_count_not_finite(updates) == 0) & (_count_not_finite(out) == 0)
+    notfinite_count = jnp.where(finite, 0, _tree.safe_increment(state.notfinite_count))
+    apply = finite | (notfinite_count > max_consecutive_errors)
+    zeros = jax.tree.map(jnp.zeros_like, out)
+    out, inner_state = jax.lax.cond(apply, lambda o: o[0], lambda o: o[1],
+                                    ((out, inner_state), (zeros, state.inner)))
+    total = jnp.where(finite, state.total_notfinite, _tree.safe_increment(state.total_notfinite))
+    return out, ApplyIfFiniteState(inner=inner_state, notfinite_count=notfinite_count.astype(jnp.int32),
+                                   last_finite=finite, total_notfinite=total)
+
+
+@combinator(wraps=True)
+def apply_if_finite(inner: Update, max_consecutive_errors=5):
+    """Drops steps whose updates are not finite, leaving the pipeline before it untouched.
+
+    The wrapped pipeline runs on every call; when its input or its output
+    holds a NaN or an infinity, the call emits zeros and its state is kept
+    bit-identical, unless more than ``max_consecutive_errors`` such calls
+    came in a row: then the update is applied anyway (so a run that keeps
+    failing fails loudly). The counts are kept in the state.
+
+    Args:
+        max_consecutive_errors: non-finite calls in a row that are dropped,
+            an integer >= 0. Default: ``5``.
+
+    Returns:
+        An update object with state ``ApplyIfFiniteState(inner,
+        notfinite_count, last_finite, total_notfinite)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adam().scale(-0.1).apply_if_finite(3)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> u, state = opt.update({"w": jnp.array([jnp.inf])}, state)
+        >>> u["w"], opt.get_state(state, "apply_if_finite/scale_by_adam.count")
+        (Array([0.], dtype=float32), Array(0, dtype=int32))
+        >>> opt.get_state(state, "apply_if_finite.total_notfinite")
+        Array(1, dtype=int32)
+
+    References:
+        optax.apply_if_finite; the loss-scaling skip of mixed-precision
+        training (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
+    """
+    bound = check.integer("apply_if_finite", "max_consecutive_errors", max_consecutive_errors, 0)
+    return stateful(_init_apply_if_finite, _apply_apply_if_finite, name="apply_if_finite",
+                    options=dict(inner=inner, max_consecutive_errors=bound), wraps="inner")
