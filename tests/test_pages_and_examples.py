@@ -100,3 +100,12 @@ def test_quickstart_trains_the_digits_mlp():
 
 def test_custom_combinator_example_runs():
     assert "|>" in _run("custom_combinator.py")
+
+
+def test_averaging_and_accumulation_example_skips_the_corrupted_batches():
+    out = _run("averaging_and_accumulation.py")
+    calls, skipped, steps = map(int, re.search(r"(\d+) micro-batches, (\d+) skipped as non-finite, (\d+) optimizer",
+                                               out).groups())
+    assert skipped == calls // 25 and steps == (calls - skipped) // 4, out
+    for accuracy in re.findall(r"test accuracy.*: ([0-9.]+)", out):
+        assert float(accuracy) >= 0.95, out
