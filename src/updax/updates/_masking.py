@@ -159,8 +159,8 @@ def _apply_freeze(updates, params, *, mask):
 def freeze(mask):
     """Zeroes the updates of the masked-in (frozen) leaves; the others pass through unchanged.
 
-    It stores no state. Put it after the stages that keep state to let them
-    skip the frozen leaves too: ``masked(pipeline, not-frozen)`` does that.
+    It stores no state. The stages before it still keep state for the frozen
+    leaves; to avoid that, wrap them in ``masked`` with the opposite mask.
 
     Args:
         mask: a pytree of bools shaped like the params, True for the leaves
