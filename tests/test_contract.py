@@ -79,6 +79,29 @@ def test_state_is_a_tuple_of_named_tuples_in_pipeline_order(name):
         assert opt.get_state(state, stage.label) is stage_state
 
 
+def _buffers(tree):
+    def raw(x):
+        return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+    return [raw(x).unsafe_buffer_pointer() for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and x.size]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_init_state_can_be_donated_with_the_params(name):
+    """No buffer appears twice in the state or in both state and params (donation would fail)."""
+    params = nested_tree()
+    state = ENTRIES[name]().init(params)
+    pointers = _buffers(state) + _buffers(params)
+    assert len(pointers) == len(set(pointers))
+
+
+@pytest.mark.parametrize("name", ux.optimizers.__all__)
+def test_optimizer_init_state_can_be_donated_with_the_params(name):
+    params = nested_tree()
+    pointers = _buffers(getattr(ux.optimizers, name)().init(params)) + _buffers(params)
+    assert len(pointers) == len(set(pointers))
+
+
 @pytest.mark.parametrize("name", ["scale_by_adam", "scale_by_rms", "trace", "scale_by_yogi"])
 def test_accumulators_default_to_float32_for_bf16_params(name):
     opt = ENTRIES[name]()

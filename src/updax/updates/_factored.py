@@ -76,12 +76,13 @@ def _init_scale_by_factored_rms(params, *, factored, min_dim_size_to_factor, acc
     def leaf(p):
         p = jnp.asarray(p)
         dtype = accumulator_dtype if accumulator_dtype is not None else _tree.compute_dtype(p.dtype)
-        unused = jnp.zeros((1,), dtype)
         dims = _factored_dims(p.shape, factored, min_dim_size_to_factor)
+        # Placeholders are separate buffers: a state holding one buffer twice cannot be donated.
         if dims is None:
-            return unused, unused, _tree.accumulator_like(p, accumulator_dtype)
+            return jnp.zeros((1,), dtype), jnp.zeros((1,), dtype), _tree.accumulator_like(p, accumulator_dtype)
         second, largest = dims
-        return jnp.zeros(_without(p.shape, largest), dtype), jnp.zeros(_without(p.shape, second), dtype), unused
+        return (jnp.zeros(_without(p.shape, largest), dtype), jnp.zeros(_without(p.shape, second), dtype),
+                jnp.zeros((1,), dtype))
 
     v_row, v_col, v = _tree.tree_map_unzip("scale_by_factored_rms", leaf, 3, params, names=("params",))
     return ScaleByFactoredRmsState(v_row=v_row, v_col=v_col, v=v, count=_tree.zero_count())

@@ -64,9 +64,9 @@ class ReduceOnPlateauState(NamedTuple):
 
 
 def _init_reduce_on_plateau(params):
-    zero = _tree.zero_count()
     return ReduceOnPlateauState(scale=jnp.ones([], jnp.float32), best_loss=jnp.full([], jnp.inf, jnp.float32),
-                                plateau_count=zero, cooldown_count=zero, count=zero,
+                                plateau_count=_tree.zero_count(), cooldown_count=_tree.zero_count(),
+                                count=_tree.zero_count(),
                                 avg_loss=jnp.zeros([], jnp.float32))
 
 
