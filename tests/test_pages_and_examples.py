@@ -109,3 +109,21 @@ def test_averaging_and_accumulation_example_skips_the_corrupted_batches():
     assert skipped == calls // 25 and steps == (calls - skipped) // 4, out
     for accuracy in re.findall(r"test accuracy.*: ([0-9.]+)", out):
         assert float(accuracy) >= 0.95, out
+
+
+def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
+    """A smoke run of benchmarks/run.py on its smallest case: it writes its reports and matches optax."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = bench.main(["--quick", "--workloads", "B", "--recipes", "adam,clip+adamw", "--repeats", "1",
+                         "--out", str(tmp_path)])
+    assert [r["recipe"] for r in result["rows"]] == ["adam", "clip+adamw"]
+    for row in result["rows"]:
+        assert row["max_rel_diff"] < 1e-3, row
+        # Adam's state is its two float32 moments and a step count, nothing more.
+        assert abs(row["updax_state_mb"] - 2 * 4 * row["params"] / 2**20) < 1e-3, row
+    assert (tmp_path / "results-quick.json").exists()
+    assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()

@@ -1,0 +1,389 @@
+"""updax vs optax, side by side in one process: compile time, step time, memory, bandwidth floor.
+
+Run from the repository root (``pip install -e ".[bench]"`` first)::
+
+    python benchmarks/run.py              # everything, a few minutes on 2 cores
+    python benchmarks/run.py --quick      # small sizes and fewer repeats, a smoke run
+
+Each case jits one optimizer step, ``update`` then ``apply_updates``, with the
+params and the optimizer state donated (as a training loop does), for updax
+and for optax with the same hyperparameters. It reports
+
+- compile time: trace + lower + compile of that step, once per side;
+- step time: the median over ``--repeats`` timed calls, the two sides
+  interleaved call by call so machine noise hits both alike;
+- memory: the optimizer state's bytes and XLA's temporary buffer bytes for
+  the step (``compiled.memory_analysis()``; with donation this is what a step
+  needs beyond params, grads and state);
+- the bandwidth floor: the bytes the update rule must read and write
+  (``FLOOR_PASSES`` full-size float32 passes) over the streaming bandwidth of
+  a donated jitted elementwise kernel measured on this machine in this run;
+- numerical equality: the largest difference of both sides' params after 3
+  steps, relative to the largest change optax made to that leaf.
+
+Results go to ``benchmarks/results/results.json`` and ``results.md``, and a
+plot to ``docs/performance.png``. Eager (un-jitted) ``update`` is timed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import updax as ux
+
+ROOT = Path(__file__).resolve().parent.parent
+O = ux.optimizers
+
+# --------------------------------------------------------------------------
+# Recipes: (updax, optax), the same rule and hyperparameters on both sides.
+
+RECIPES = {
+    "adam": (lambda: O.adam(1e-3, eps_root=0.0), lambda: optax.adam(1e-3)),
+    "adamw": (lambda: O.adamw(1e-3, eps_root=0.0, decay=1e-4), lambda: optax.adamw(1e-3, weight_decay=1e-4)),
+    "clip+adamw": (lambda: ux.clip_by_global_norm(1.0).pipe(ux.compose, O.adamw(1e-3, eps_root=0.0, decay=1e-4)),
+                   lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=1e-4))),
+    "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0, decay=1e-4), lambda: optax.lamb(1e-3, weight_decay=1e-4)),
+    "sgd+momentum": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
+    "lion": (lambda: O.lion(1e-4, b1=0.9, b2=0.99, weight_decay=1e-3),
+             lambda: optax.lion(1e-4, b1=0.9, b2=0.99, weight_decay=1e-3)),
+    "adafactor": (lambda: O.adafactor(1e-3), lambda: optax.adafactor(1e-3)),
+}
+
+#: Full-size float32 passes the rule must make at least (reads + writes of params, grads and state).
+FLOOR_PASSES = {
+    "adam": 7,          # read g, p, m, v; write p, m, v
+    "adamw": 7,
+    "clip+adamw": 8,    # + one read of g for the global norm
+    "lamb": 10,         # pass 1 reads g, p, m, v, writes m, v (+ norms); pass 2 reads p, m, v, writes p
+    "sgd+momentum": 5,  # read g, p, t; write p, t
+    "lion": 5,          # read g, p, m; write p, m
+    "adafactor": 5,     # read g, p; write p, plus the factored moments' and block RMS's extra read of g and u
+}
+
+# --------------------------------------------------------------------------
+# Workloads
+
+
+def transformer_like(layers=48, d=256):
+    """T: ``layers`` blocks of 8 leaves (4 attention matrices, 2 MLP matrices, a layer norm)."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return jnp.asarray(rng.normal(size=shape).astype(np.float32) * 0.02)
+
+    return [{"wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d), "w1": w(d, 4 * d), "w2": w(4 * d, d),
+             "ln_scale": jnp.ones(d), "ln_bias": jnp.zeros(d)} for _ in range(layers)]
+
+
+def many_small(leaves=1000, mean=4096):
+    """S: ``leaves`` leaves of varied sizes (uniform in [mean/4, 7·mean/4], some matrices)."""
+    rng = np.random.default_rng(1)
+    tree = {}
+    for i in range(leaves):
+        n = int(rng.integers(mean // 4, 7 * mean // 4))
+        shape = (n // 32, 32) if i % 2 else (n,)
+        tree[f"leaf{i:04d}"] = jnp.asarray(rng.normal(size=shape).astype(np.float32))
+    return tree
+
+
+def big(leaves=4, size=4 * 2**20):
+    """B: a few large leaves."""
+    rng = np.random.default_rng(2)
+    return [jnp.asarray(rng.normal(size=(size // 1024, 1024)).astype(np.float32)) for _ in range(leaves)]
+
+
+def workloads(quick):
+    if quick:
+        return {"T": transformer_like(layers=4, d=128), "S": many_small(leaves=100, mean=1024),
+                "B": big(leaves=2, size=2**20)}
+    return {"T": transformer_like(), "S": many_small(), "B": big()}
+
+
+def grads_like(params, seed):
+    """Gaussian gradients of scale 1e-2 shaped like ``params`` (numpy: no compilation per leaf shape)."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda p: jnp.asarray((1e-2 * rng.normal(size=p.shape)).astype(np.float32)), params)
+
+
+def nbytes(tree):
+    return int(sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes for x in jax.tree.leaves(tree)))
+
+
+# --------------------------------------------------------------------------
+# Measurement
+
+
+def make_step(opt):
+    def step(params, state, grads):
+        updates, state = opt.update(grads, state, params)
+        return optax.apply_updates(params, updates) if not isinstance(opt, ux.Update) else ux.apply_updates(
+            params, updates), state
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def copy(tree):
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
+
+
+def compile_step(opt, params, grads):
+    state = opt.init(params)
+    step = make_step(opt)
+    start = time.perf_counter()
+    compiled = step.lower(params, state, grads).compile()
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    temp = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else 0
+    return compiled, seconds, nbytes(state), temp
+
+
+def time_side_by_side(fns, params, grads, repeats):
+    """Median seconds per call of each compiled step, interleaved call by call."""
+    carries = [(copy(params), copy(init)) for _, init in fns]
+    times = [[] for _ in fns]
+    for r in range(repeats + 2):  # two warm-up rounds
+        for i, (fn, _) in enumerate(fns):
+            p, s = carries[i]
+            start = time.perf_counter()
+            p, s = fn(p, s, grads)
+            jax.block_until_ready((p, s))
+            if r >= 2:
+                times[i].append(time.perf_counter() - start)
+            carries[i] = (p, s)
+    return [statistics.median(t) for t in times]
+
+
+def bandwidth(params, repeats):
+    """Streaming bytes/s of a donated jitted elementwise kernel over ``params``: p ← 0.999·p + g (3 passes)."""
+    kernel = jax.jit(lambda p, g: jax.tree.map(lambda a, b: 0.999 * a + b, p, g), donate_argnums=0)
+    p, g = copy(params), grads_like(params, 9)
+    times = []
+    for r in range(repeats + 2):
+        start = time.perf_counter()
+        p = jax.block_until_ready(kernel(p, g))
+        if r >= 2:
+            times.append(time.perf_counter() - start)
+    return 3 * nbytes(params) / statistics.median(times)
+
+
+def check_equal(steps, params):
+    """Runs each compiled step 3 times from the same start.
+
+    Returns the largest difference of the two sides' params, relative to the
+    largest change optax made to that leaf (so it measures the updates).
+    """
+    results = []
+    for step, state in steps:
+        p, s = copy(params), copy(state)
+        for t in range(3):
+            p, s = step(p, s, grads_like(params, 100 + t))
+        results.append(p)
+    worst = 0.0
+    for a, b, p in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1]), jax.tree.leaves(params)):
+        a, b, p = (np.asarray(x, np.float64) for x in (a, b, p))
+        worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(b - p)), 1e-30)))
+    return worst
+
+
+def eager_step_time(opt, params, grads, repeats=3):
+    state = opt.init(params)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        updates, state = opt.update(grads, state, params)
+        jax.block_until_ready(updates)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(workload, params, recipe, repeats, bw):
+    ux_opt, ox_opt = RECIPES[recipe][0](), RECIPES[recipe][1]()
+    grads = grads_like(params, 0)
+    ux_step, ux_compile, ux_state_bytes, ux_temp = compile_step(ux_opt, params, grads)
+    ox_step, ox_compile, ox_state_bytes, ox_temp = compile_step(ox_opt, params, grads)
+    steps = [(ux_step, ux_opt.init(params)), (ox_step, ox_opt.init(params))]
+    max_rel_diff = check_equal(steps, params)
+    ux_time, ox_time = time_side_by_side(steps, params, grads, repeats)
+    floor = FLOOR_PASSES[recipe] * nbytes(params) / bw
+    row = {
+        "workload": workload, "recipe": recipe, "params": int(sum(x.size for x in jax.tree.leaves(params))),
+        "leaves": len(jax.tree.leaves(params)),
+        "updax_compile_s": ux_compile, "optax_compile_s": ox_compile,
+        "updax_step_ms": 1e3 * ux_time, "optax_step_ms": 1e3 * ox_time, "floor_ms": 1e3 * floor,
+        "step_ratio": ux_time / ox_time, "compile_ratio": ux_compile / ox_compile, "floor_ratio": ux_time / floor,
+        "updax_state_mb": ux_state_bytes / 2**20, "optax_state_mb": ox_state_bytes / 2**20,
+        "updax_temp_mb": ux_temp / 2**20, "optax_temp_mb": ox_temp / 2**20,
+        "max_rel_diff": max_rel_diff,
+    }
+    print(f"{workload:6s} {recipe:13s} step {row['updax_step_ms']:8.2f} ms vs {row['optax_step_ms']:8.2f} ms "
+          f"({row['step_ratio']:.2f}x; floor {row['floor_ms']:.1f} ms, {row['floor_ratio']:.2f}x)  "
+          f"compile {ux_compile:6.2f} s vs {ox_compile:6.2f} s ({row['compile_ratio']:.2f}x)  "
+          f"temp {row['updax_temp_mb']:.1f} vs {row['optax_temp_mb']:.1f} MB  diff {row['max_rel_diff']:.1e}",
+          flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------
+# A real training step: forward + backward + update
+
+
+def train_step_case(recipe, repeats, quick):
+    """A pre-norm transformer block stack in plain JAX: loss, grads and the optimizer step in one jit."""
+    d, layers, tokens = (64, 2, 64) if quick else (256, 4, 256)
+    rng = np.random.default_rng(3)
+
+    def w(*shape):
+        return jnp.asarray(rng.normal(size=shape).astype(np.float32) / np.sqrt(shape[0]))
+
+    params = [{"wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d), "w1": w(d, 4 * d), "w2": w(4 * d, d),
+               "ln": jnp.ones(d)} for _ in range(layers)]
+    x = jnp.asarray(rng.normal(size=(tokens, d)).astype(np.float32))
+
+    def loss_fn(params):
+        h = x
+        for layer in params:
+            z = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6) * layer["ln"]
+            q, k, v = z @ layer["wq"], z @ layer["wk"], z @ layer["wv"]
+            h = h + jax.nn.softmax(q @ k.T / np.sqrt(d), axis=-1) @ v @ layer["wo"]
+            h = h + jax.nn.gelu(h @ layer["w1"]) @ layer["w2"]
+        return jnp.mean((h - x) ** 2)
+
+    def make(opt):
+        def step(params, state, _):
+            grads = jax.grad(loss_fn)(params)
+            updates, state = opt.update(grads, state, params)
+            apply = ux.apply_updates if isinstance(opt, ux.Update) else optax.apply_updates
+            return apply(params, updates), state
+
+        return jax.jit(step, donate_argnums=(0, 1))
+
+    fns, compiles = [], []
+    for opt in (RECIPES[recipe][0](), RECIPES[recipe][1]()):
+        state = opt.init(params)
+        start = time.perf_counter()
+        compiled = make(opt).lower(params, state, None).compile()
+        compiles.append(time.perf_counter() - start)
+        fns.append((compiled, state))
+    times = time_side_by_side(fns, params, None, repeats)
+    row = {"workload": "train", "recipe": recipe, "params": int(sum(p.size for p in jax.tree.leaves(params))),
+           "leaves": len(jax.tree.leaves(params)), "updax_compile_s": compiles[0], "optax_compile_s": compiles[1],
+           "updax_step_ms": 1e3 * times[0], "optax_step_ms": 1e3 * times[1], "step_ratio": times[0] / times[1],
+           "compile_ratio": compiles[0] / compiles[1]}
+    print(f"train  {recipe:13s} step {row['updax_step_ms']:8.2f} ms vs {row['optax_step_ms']:8.2f} ms "
+          f"({row['step_ratio']:.2f}x)  compile {compiles[0]:.2f} s vs {compiles[1]:.2f} s", flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------
+# Reports
+
+
+def markdown(result):
+    lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
+             f"streaming bandwidth {result['bandwidth_gb_s']:.1f} GB/s; medians of {result['repeats']} steps.",
+             "",
+             "| workload | recipe | updax step | optax step | ratio | floor | updax/floor | updax compile | "
+             "optax compile | ratio | state MB (updax/optax) | temp MB (updax/optax) | max rel diff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        floor = f"{r['floor_ms']:.1f} ms" if "floor_ms" in r else "-"
+        floor_ratio = f"{r['floor_ratio']:.2f}x" if "floor_ratio" in r else "-"
+        state = f"{r['updax_state_mb']:.0f} / {r['optax_state_mb']:.0f}" if "updax_state_mb" in r else "-"
+        temp = f"{r['updax_temp_mb']:.1f} / {r['optax_temp_mb']:.1f}" if "updax_temp_mb" in r else "-"
+        diff = f"{r['max_rel_diff']:.0e}" if "max_rel_diff" in r else "-"
+        lines.append(f"| {r['workload']} | {r['recipe']} | {r['updax_step_ms']:.2f} ms | {r['optax_step_ms']:.2f} ms | "
+                     f"{r['step_ratio']:.2f}x | {floor} | {floor_ratio} | {r['updax_compile_s']:.2f} s | "
+                     f"{r['optax_compile_s']:.2f} s | {r['compile_ratio']:.2f}x | {state} | {temp} | {diff} |")
+    if result.get("eager"):
+        lines += ["", "Eager (un-jitted) `update`, median of 3 calls:", "",
+                  "| workload | recipe | updax | optax |", "| --- | --- | --- | --- |"]
+        lines += [f"| {e['workload']} | {e['recipe']} | {1e3 * e['updax_s']:.0f} ms | {1e3 * e['optax_s']:.0f} ms |"
+                  for e in result["eager"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
+        return
+    rows = result["rows"]
+    labels = [f"{r['workload']}\n{r['recipe']}" for r in rows]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(rows)), 7), sharex=True)
+    x = np.arange(len(rows))
+    axes[0].bar(x, [r["step_ratio"] for r in rows], color="tab:blue")
+    axes[0].axhline(1.0, color="k", lw=0.8)
+    axes[0].set_ylabel("step time, updax / optax")
+    axes[1].bar(x, [r["compile_ratio"] for r in rows], color="tab:orange")
+    axes[1].axhline(1.0, color="k", lw=0.8)
+    axes[1].set_ylabel("compile time, updax / optax")
+    axes[1].set_xticks(x, labels, rotation=90, fontsize=7)
+    fig.suptitle("updax vs optax (lower is faster)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small workloads, few repeats (a smoke run)")
+    parser.add_argument("--workloads", default="T,S,B,train")
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "performance.png"))
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 15)
+    chosen = args.workloads.split(",")
+    recipes = args.recipes.split(",")
+    data = workloads(args.quick)
+    bw = bandwidth(data["B"], repeats)
+    print(f"streaming bandwidth: {bw / 1e9:.1f} GB/s", flush=True)
+    rows, eager = [], []
+    for name in [w for w in ("T", "S", "B") if w in chosen]:
+        for recipe in recipes:
+            rows.append(run_case(name, data[name], recipe, repeats, bw))
+    if "train" in chosen:
+        for recipe in recipes:
+            rows.append(train_step_case(recipe, repeats, args.quick))
+    # Eager: adam on T and S, clip+adamw on T (on S each of the 1000 shapes compiles its own small kernels
+    # for every op on first use, which takes minutes on either library).
+    for name, recipe in [(w, r) for w, r in (("T", "adam"), ("T", "clip+adamw"), ("S", "adam")) if w in chosen]:
+        params, grads = data[name], grads_like(data[name], 0)
+        ux_opt, ox_opt = RECIPES[recipe][0](), RECIPES[recipe][1]()
+        eager.append({"workload": name, "recipe": recipe, "updax_s": eager_step_time(ux_opt, params, grads),
+                      "optax_s": eager_step_time(ox_opt, params, grads)})
+        print(f"eager  {name} {recipe}: updax {1e3 * eager[-1]['updax_s']:.0f} ms, "
+              f"optax {1e3 * eager[-1]['optax_s']:.0f} ms", flush=True)
+    result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
+              "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
+                         f"python {sys.version.split()[0]}",
+              "quick": args.quick, "repeats": repeats, "bandwidth_gb_s": bw / 1e9, "rows": rows, "eager": eager}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "-quick" if args.quick else ""
+    (out / f"results{suffix}.json").write_text(json.dumps(result, indent=1))
+    (out / f"results{suffix}.md").write_text(markdown(result))
+    print(f"wrote {out / f'results{suffix}.json'} and {out / f'results{suffix}.md'}")
+    if not args.quick:
+        plot(result, Path(args.plot))
+    return result
+
+
+if __name__ == "__main__":
+    main()
