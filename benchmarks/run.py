@@ -117,7 +117,12 @@ def grads_like(params, seed):
 
 
 def nbytes(tree):
-    return int(sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes for x in jax.tree.leaves(tree)))
+    return int(sum(x.nbytes for x in jax.tree.leaves(tree)))
+
+
+def apply_fn(opt):
+    """Each library's own ``apply_updates``."""
+    return ux.apply_updates if isinstance(opt, ux.Update) else optax.apply_updates
 
 
 # --------------------------------------------------------------------------
@@ -127,8 +132,7 @@ def nbytes(tree):
 def make_step(opt):
     def step(params, state, grads):
         updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates) if not isinstance(opt, ux.Update) else ux.apply_updates(
-            params, updates), state
+        return apply_fn(opt)(params, updates), state
 
     return jax.jit(step, donate_argnums=(0, 1))
 
@@ -263,8 +267,7 @@ def train_step_case(recipe, repeats, quick):
         def step(params, state, _):
             grads = jax.grad(loss_fn)(params)
             updates, state = opt.update(grads, state, params)
-            apply = ux.apply_updates if isinstance(opt, ux.Update) else optax.apply_updates
-            return apply(params, updates), state
+            return apply_fn(opt)(params, updates), state
 
         return jax.jit(step, donate_argnums=(0, 1))
 

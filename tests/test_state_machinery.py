@@ -108,6 +108,9 @@ def test_ema_accumulator_dtype_and_init_tree():
     init = {"a": jnp.ones(2), "b": jnp.arange(3.0)}
     (state,) = ux.ema(0.5, debias=False, init=init).init(params)
     np.testing.assert_array_equal(state.ema["b"], [0.0, 1.0, 2.0])
+    # Started at the params themselves, the state still holds its own buffers (so both can be donated).
+    (state,) = ux.ema(0.5, init=params).init(params)
+    assert state.ema["b"].unsafe_buffer_pointer() != params["b"].unsafe_buffer_pointer()
     with pytest.raises(ValueError, match="init"):
         ux.ema(0.5, init={"a": jnp.ones(2)}).init(params)
 

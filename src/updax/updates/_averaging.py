@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax import _validate as check
 from updax._core import Update, apply_updates, combinator, stateful
-from updax.updates._moving_averages import _blend, _warmed_up
+from updax.updates._moving_averages import _blend, _start, _warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
@@ -125,10 +125,6 @@ def schedule_free_eval_params(opt: Update, state, params):
 # Averages of the params kept in the optimizer state: EMA (Polyak) and SWA.
 
 
-def _copy(params, dtype):
-    return jax.tree.map(lambda p: jnp.array(p, dtype=_tree.accumulator_like(p, dtype).dtype), params)
-
-
 def _mix(average, params, updates, keep):
     """``keep·average + (1 - keep)·p'`` for the params ``p'`` after this step (as apply_updates makes them)."""
     new = apply_updates(params, updates)
@@ -144,7 +140,7 @@ class EmaParamsState(NamedTuple):
 
 
 def _init_ema_params(params, *, accumulator_dtype):
-    return EmaParamsState(count=_tree.zero_count(), average=_copy(params, accumulator_dtype))
+    return EmaParamsState(count=_tree.zero_count(), average=_start(params, params, accumulator_dtype, "ema_params"))
 
 
 def _apply_ema_params(updates, state, params, *, decay, decay_min):
@@ -209,7 +205,8 @@ class SwaState(NamedTuple):
 
 
 def _init_swa(params, *, accumulator_dtype):
-    return SwaState(count=_tree.zero_count(), snapshots=_tree.zero_count(), average=_copy(params, accumulator_dtype))
+    return SwaState(count=_tree.zero_count(), snapshots=_tree.zero_count(),
+                    average=_start(params, params, accumulator_dtype, "swa"))
 
 
 def _apply_swa(updates, state, params, *, start, period):

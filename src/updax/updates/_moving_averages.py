@@ -51,12 +51,15 @@ class EmaState(NamedTuple):
 
 
 def _start(params, init, dtype, call):
-    """Accumulators shaped like ``params`` holding ``init`` (a number, or a tree shaped like ``params``)."""
+    """Accumulators shaped like ``params`` holding ``init`` (a number, or a tree shaped like ``params``).
+
+    Always fresh buffers, never ``init``'s own: a state sharing a buffer with the params cannot be donated.
+    """
     if _tree.is_scalar(init):
         return _tree.accumulators(params, dtype, init)
     _tree.check_same_structure(call, params, init, "the values", "init")
-    return jax.tree.map(lambda p, i: jnp.broadcast_to(i, jnp.shape(p)).astype(
-        _tree.accumulator_like(p, dtype).dtype), params, init)
+    return jax.tree.map(lambda p, i: jnp.array(jnp.broadcast_to(i, jnp.shape(p)),
+                                               dtype=_tree.accumulator_like(p, dtype).dtype, copy=True), params, init)
 
 
 def _init_ema(params, *, init, accumulator_dtype, keep_previous):
