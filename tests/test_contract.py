@@ -121,6 +121,15 @@ def test_dtype_options_store_moments_as_asked():
     assert {x.dtype for x in jax.tree.leaves(updates)} == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.parametrize("dtype, expected", [(None, 2.0), (jnp.bfloat16, 1.0)], ids=["f32", "bf16"])
+def test_adam_state_is_exactly_its_two_moments(dtype, expected):
+    """Adam keeps 2x the float32 params' bytes (bf16 moments: half that) and a 4-byte step count, nothing else."""
+    params = nested_tree(jnp.float32)
+    state = ux.optimizers.adam(1e-3, mu_dtype=dtype, nu_dtype=dtype).init(params)
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert sum(x.nbytes for x in jax.tree.leaves(state)) == expected * params_bytes + 4
+
+
 def _scale_floats(opt, factor):
     """The same pipeline with every float hyperparameter scaled: only leaves change."""
     return jax.tree.map(lambda v: v * factor if isinstance(v, float) else v, opt)

@@ -307,6 +307,38 @@ jax.tree_util.register_pytree_with_keys(Stage, _flatten_stage, _unflatten_stage)
 
 
 # --------------------------------------------------------------------------
+# Fused execution paths: the same numbers from fewer passes over memory.
+
+_FUSED_PATHS: list[tuple[tuple, Callable]] = []
+
+
+def register_fused_path(kernels: tuple, run: Callable) -> None:
+    """Runs consecutive stages whose apply kernels are ``kernels`` through ``run`` instead of one by one.
+
+    ``run(stages, updates, states, params, extra) -> (updates, new_states)``
+    must return exactly what applying the stages one after another returns
+    (a parity test checks every registered path); it may fall back to
+    ``stage.apply`` for inputs it does not handle. It is used only when none
+    of the stages has a scheduled option and params are given. This is an
+    execution detail: the pipeline, its repr and its state are unchanged.
+    """
+    _FUSED_PATHS.append((tuple(kernels), run))
+
+
+def _fused_path(stages, params):
+    """The fused run covering a prefix of ``stages`` and its width, or ``(None, 1)``."""
+    if params is None:
+        return None, 1
+    for kernels, run in _FUSED_PATHS:
+        width = len(kernels)
+        prefix = stages[:width]
+        if (len(prefix) == width and all(s.apply_fn is k for s, k in zip(prefix, kernels))
+                and not any(s.scheduled for s in prefix)):
+            return run, width
+    return None, 1
+
+
+# --------------------------------------------------------------------------
 # Update
 
 
@@ -368,10 +400,16 @@ class Update:
                 f"{self!r}: state must be the tuple of {len(self.stages)} stage states that init() "
                 f"returns, got a {got}"
             )
-        new_state = []
-        for stage, stage_state in zip(self.stages, state):
-            updates, stage_state = stage.apply(updates, stage_state, params, extra)
-            new_state.append(stage_state)
+        new_state, i = [], 0
+        while i < len(self.stages):
+            run, width = _fused_path(self.stages[i:], params)
+            if run is None:
+                updates, stage_state = self.stages[i].apply(updates, state[i], params, extra)
+                new_state.append(stage_state)
+            else:
+                updates, states = run(self.stages[i:i + width], updates, tuple(state[i:i + width]), params, extra)
+                new_state.extend(states)
+            i += width
         return updates, tuple(new_state)
 
     def __iter__(self):

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateful, stateless
+from updax._core import combinator, register_fused_path, stateful, stateless
 
 # --------------------------------------------------------------------------
 # States
@@ -216,6 +216,11 @@ def scale_by_schedule(schedule_fn):
 # Adaptive rules
 
 
+def _adam_direction(m, v, c1, c2, eps, eps_root):
+    """Adam's step from the new moments (in the compute dtype) and the bias corrections."""
+    return (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
+
+
 def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
     count = _tree.safe_increment(state.count)
     c1, c2 = _bias_corrections(count, b1, b2)
@@ -225,7 +230,7 @@ def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
         g32 = g.astype(c)
         m = b1 * m0.astype(c) + (1 - b1) * g32
         v = b2 * v0.astype(c) + (1 - b2) * g32 * g32
-        u = (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
+        u = _adam_direction(m, v, c1, c2, eps, eps_root)
         return u.astype(g.dtype), m.astype(m0.dtype), v.astype(v0.dtype)
 
     return _adam_like_update("scale_by_adam", leaf, updates, state, count)
@@ -624,17 +629,27 @@ def _safe_norm(x, min_norm):
     return jnp.where(norm <= min_norm, min_norm, norm)
 
 
-def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient, eps):
-    def leaf(g, p):
-        c = _tree.compute_dtype(g.dtype, p.dtype)
-        g32 = g.astype(c)
-        param_norm = _safe_norm(p.astype(c), min_norm)
-        update_norm = _safe_norm(g32, min_norm)
-        ratio = trust_coefficient * param_norm / (update_norm + eps)
-        ratio = jnp.where((param_norm == 0) | (update_norm == 0), 1.0, ratio)
-        return (g32 * ratio).astype(g.dtype)
+def _trust_ratio(g, p, min_norm, trust_coefficient, eps):
+    """One leaf's trust ratio ``c·‖p‖ / (‖g‖ + eps)`` (1 when either norm is 0), in the compute dtype."""
+    c = _tree.compute_dtype(g.dtype, p.dtype)
+    param_norm = _safe_norm(p.astype(c), min_norm)
+    update_norm = _safe_norm(g.astype(c), min_norm)
+    ratio = trust_coefficient * param_norm / (update_norm + eps)
+    return jnp.where((param_norm == 0) | (update_norm == 0), 1.0, ratio)
 
-    return _tree.tree_map("scale_by_trust_ratio", leaf, updates, params, names=("updates", "params"))
+
+def _trust_scaled(g, ratio):
+    return (g.astype(ratio.dtype) * ratio).astype(g.dtype)
+
+
+def _trust_ratios(updates, params, min_norm, trust_coefficient, eps):
+    return _tree.tree_map("scale_by_trust_ratio", lambda g, p: _trust_ratio(g, p, min_norm, trust_coefficient, eps),
+                          updates, params, names=("updates", "params"))
+
+
+def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient, eps):
+    ratios = _trust_ratios(updates, params, min_norm, trust_coefficient, eps)
+    return jax.tree.map(_trust_scaled, updates, ratios)
 
 
 @combinator
@@ -669,3 +684,56 @@ def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0):
                    trust_coefficient=check.real(call, "trust_coefficient", trust_coefficient),
                    eps=check.nonnegative(call, "eps", eps))
     return stateless(_apply_scale_by_trust_ratio, name=call, options=options, needs_params=True)
+
+
+# --------------------------------------------------------------------------
+# Fused path: Adam, then decoupled weight decay, then the trust ratio (LAMB)
+
+
+_RECOMPUTE_MAX_SIZE = 2**20
+
+
+def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
+    """LAMB's stages without a full-size temporary for the update the trust ratio measures.
+
+    Run one by one, the update ``u`` feeds both the per-leaf norm and the
+    rescaling, so XLA stores all of it in between. Here the norms are taken
+    from ``u`` as usual, and the update that gets rescaled is recomputed from
+    the new moments and the params (the same arithmetic) behind an
+    optimization barrier: XLA streams ``mu``, ``nu`` and the params once more
+    instead of writing and reading ``u``. That wins for leaves up to
+    ``_RECOMPUTE_MAX_SIZE`` elements (measured on a 2-core CPU: 0.77x the step
+    time with 256K-element leaves, 1.28x with 4M-element ones, where XLA's
+    reduction kernel materialises its broadcast scalars); larger leaves keep
+    the stored ``u``. Moments stored narrower than they are computed in would
+    round differently, so those take the ordinary path.
+    """
+    adam, *middle, trust = stages
+    u, adam_state = adam.apply(updates, states[0], params, extra)
+    for stage, state in zip(middle, states[1:-1]):
+        u, _ = stage.apply(u, state, params, extra)
+    new_states = (adam_state, *states[1:])
+    mu, nu = jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)
+    if any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype)
+           for g, m, v in zip(jax.tree.leaves(updates), mu, nu)):
+        return trust.apply(u, states[-1], params, extra)[0], new_states
+    ratios = _trust_ratios(u, params, **{k: trust.option(k) for k, _ in trust.options})
+    b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
+    c1, c2 = _bias_corrections(adam_state.count, b1, b2)
+    mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
+    again = jax.tree.map(lambda g, m, v: _adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
+    for stage, state in zip(middle, states[1:-1]):
+        again, _ = stage.apply(again, state, p, extra)
+    return jax.tree.map(lambda u, again, r: _trust_scaled(again if u.size <= _RECOMPUTE_MAX_SIZE else u, r),
+                        u, again, ratios), new_states
+
+
+def _register_fused_paths():
+    from updax.updates._noise_decay import _apply_add_decayed_weights
+
+    register_fused_path((_apply_scale_by_adam, _apply_add_decayed_weights, _apply_scale_by_trust_ratio),
+                        _run_adam_then_trust_ratio)
+    register_fused_path((_apply_scale_by_adam, _apply_scale_by_trust_ratio), _run_adam_then_trust_ratio)
+
+
+_register_fused_paths()

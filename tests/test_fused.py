@@ -1,0 +1,110 @@
+"""Fused execution paths give what running their stages one by one gives.
+
+The oracle runs each stage as its own one-stage pipeline, which no fused path
+can match, so it is the plain stage-by-stage computation. Eagerly the two are
+bit-identical (a fused path recomputes with the same arithmetic); under jit
+they are two different XLA programs, which may round an op an ulp apart.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import updax as ux
+from updax import _core
+from updax.updates import _scaling
+
+
+def one_by_one(opt, grads, state, params):
+    new_state = []
+    for stage, stage_state in zip(opt.stages, state):
+        grads, (stage_state,) = ux.Update((stage,)).update(grads, (stage_state,), params)
+        new_state.append(stage_state)
+    return grads, tuple(new_state)
+
+
+def tree(rng, dtype=jnp.float32, big=False):
+    def arr(*shape):
+        return jnp.asarray(rng.normal(size=shape).astype(np.float32), dtype)
+
+    out = {"dense": {"w": arr(6, 5), "b": arr(5)}, "seq": [arr(7), (arr(2, 3), None)], "s": arr(), "empty": {}}
+    if big:  # above the size up to which the update is recomputed rather than kept
+        out["big"] = arr(_scaling._RECOMPUTE_MAX_SIZE + 8)
+    return out
+
+
+CASES = {
+    "lamb": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, min_norm=1e-3),
+    "lamb, bf16 moments (ordinary path)": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, mu_dtype=jnp.bfloat16),
+    "adam |> trust ratio": lambda: ux.scale_by_adam(b1=0.8, eps_root=1e-12).scale_by_trust_ratio(
+        min_norm=0.5, trust_coefficient=0.7, eps=1e-6).scale(-0.1),
+    "clip |> lamb": lambda: ux.clip_by_global_norm(0.5).pipe(ux.compose, ux.optimizers.lamb(1e-2, decay=0.1)),
+}
+
+
+def test_the_paths_are_used():
+    fused = [_core._fused_path(opt().stages[i:], params={})[0] for opt in CASES.values()
+             for i in range(len(opt().stages))]
+    assert sum(run is not None for run in fused) == len(CASES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_fused_equals_one_by_one(name, dtype, jit):
+    rng = np.random.default_rng(0)
+    opt = CASES[name]()
+    params = tree(rng, dtype, big=jit and dtype == jnp.float32)
+    state = opt.init(params)
+    update = jax.jit(opt.update) if jit else opt.update
+    for step in range(3):  # each step from the same incoming state, so an ulp cannot compound
+        grads = jax.tree.map(lambda p: p * 0.1 + jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+        ref_updates, ref_state = one_by_one(opt, grads, state, params)
+        updates, state = update(grads, state, params)
+        for a, b in zip(jax.tree.leaves((updates, state)), jax.tree.leaves((ref_updates, ref_state))):
+            assert a.dtype == b.dtype
+            rtol = 2e-6 if a.dtype == jnp.float32 else 1e-2  # a few float32 ulps, one bfloat16 ulp
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            if jit:  # two different XLA programs: each may round an op differently (an ulp or so)
+                scale = float(np.max(np.abs(b), initial=0.0))
+                np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-6 * scale, err_msg=f"step {step}")
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+        params = ux.apply_updates(params, updates)
+
+
+def test_without_params_it_says_which_stage_needs_them():
+    opt = ux.optimizers.lamb(1e-2)
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(ValueError, match="add_decayed_weights needs params"):
+        opt.update(params, opt.init(params))
+
+
+def test_lamb_step_stores_no_update_per_leaf():
+    """The update the trust ratio measures is recomputed, not stored.
+
+    One by one, XLA keeps the whole update tree as a temporary: it grows with
+    the model. Fused, what is left is per distinct leaf shape (XLA's reduction
+    kernel writes out its broadcast scalars), so more layers add nothing.
+    """
+    opt = ux.optimizers.lamb(1e-3, decay=1e-4)
+
+    def temp_bytes(layers, run):
+        params = [{"w1": jnp.ones((256, 512)), "w2": jnp.ones((512, 256)), "b": jnp.zeros(256)}
+                  for _ in range(layers)]
+
+        def step(p, s, g):
+            u, s = run(g, s, p)
+            return ux.apply_updates(p, u), s
+
+        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), params).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    layer_bytes = (2 * 256 * 512 + 256) * 4
+    unfused = [temp_bytes(n, lambda g, s, p: one_by_one(opt, g, s, p)) for n in (2, 6)]
+    fused = [temp_bytes(n, opt.update) for n in (2, 6)]
+    assert unfused[1] - unfused[0] >= 4 * layer_bytes
+    assert fused[1] - fused[0] < layer_bytes / 8
