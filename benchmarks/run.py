@@ -142,18 +142,48 @@ def copy(tree):
 
 
 def compile_step(opt, params, grads):
+    """The compiled step, its compile seconds, the state's bytes, XLA's temporary and peak bytes.
+
+    Peak is what the step holds at once: its arguments and outputs (donated
+    arguments counted once) plus its temporaries.
+    """
     state = opt.init(params)
     step = make_step(opt)
     start = time.perf_counter()
     compiled = step.lower(params, state, grads).compile()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    temp = int(getattr(memory, "temp_size_in_bytes", 0)) if memory is not None else 0
-    return compiled, seconds, nbytes(state), temp
+    size = {k: int(getattr(memory, f"{k}_size_in_bytes", 0)) if memory is not None else 0
+            for k in ("argument", "output", "alias", "temp")}
+    peak = size["argument"] + size["output"] - size["alias"] + size["temp"]
+    return compiled, seconds, nbytes(state), size["temp"], peak
 
 
-def time_side_by_side(fns, params, grads, repeats):
-    """Median seconds per call of each compiled step, interleaved call by call."""
+class Bandwidth:
+    """The streaming kernel the floor is measured with: a donated jitted ``p ← 0.999·p + g`` (3 passes).
+
+    It runs on the big-leaf workload, where per-leaf overheads vanish, and is
+    timed inside every case's interleaved loop, so each case's floor comes from
+    the same minutes as its step times.
+    """
+
+    def __init__(self, params):
+        self.bytes = 3 * nbytes(params)
+        self.kernel = jax.jit(lambda p, g: jax.tree.map(lambda a, b: 0.999 * a + b, p, g), donate_argnums=0)
+        self.p, self.g = copy(params), grads_like(params, 9)
+        self.seconds = []
+
+    def __call__(self):
+        start = time.perf_counter()
+        self.p = jax.block_until_ready(self.kernel(self.p, self.g))
+        return time.perf_counter() - start
+
+    def bytes_per_second(self, since=0):
+        return self.bytes / statistics.median(self.seconds[since:])
+
+
+def time_side_by_side(fns, params, grads, repeats, bw=None):
+    """Median seconds per call of each compiled step, interleaved call by call (and the bandwidth kernel)."""
     carries = [(copy(params), copy(init)) for _, init in fns]
     times = [[] for _ in fns]
     for r in range(repeats + 2):  # two warm-up rounds
@@ -165,20 +195,11 @@ def time_side_by_side(fns, params, grads, repeats):
             if r >= 2:
                 times[i].append(time.perf_counter() - start)
             carries[i] = (p, s)
+        if bw is not None:
+            seconds = bw()
+            if r >= 2:
+                bw.seconds.append(seconds)
     return [statistics.median(t) for t in times]
-
-
-def bandwidth(params, repeats):
-    """Streaming bytes/s of a donated jitted elementwise kernel over ``params``: p ← 0.999·p + g (3 passes)."""
-    kernel = jax.jit(lambda p, g: jax.tree.map(lambda a, b: 0.999 * a + b, p, g), donate_argnums=0)
-    p, g = copy(params), grads_like(params, 9)
-    times = []
-    for r in range(repeats + 2):
-        start = time.perf_counter()
-        p = jax.block_until_ready(kernel(p, g))
-        if r >= 2:
-            times.append(time.perf_counter() - start)
-    return 3 * nbytes(params) / statistics.median(times)
 
 
 def check_equal(steps, params):
@@ -211,15 +232,28 @@ def eager_step_time(opt, params, grads, repeats=3):
     return statistics.median(times)
 
 
-def run_case(workload, params, recipe, repeats, bw):
+def warm_up(recipes):
+    """Compiles and runs each recipe once on a tiny tree, so one-time tracing costs hit neither side's timings."""
+    params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+    for recipe in recipes:
+        for opt in (RECIPES[recipe][0](), RECIPES[recipe][1]()):
+            jax.block_until_ready(make_step(opt)(copy(params), opt.init(params), params))
+
+
+def run_case(workload, params, recipe, repeats, bw, optax_first=False):
     ux_opt, ox_opt = RECIPES[recipe][0](), RECIPES[recipe][1]()
     grads = grads_like(params, 0)
-    ux_step, ux_compile, ux_state_bytes, ux_temp = compile_step(ux_opt, params, grads)
-    ox_step, ox_compile, ox_state_bytes, ox_temp = compile_step(ox_opt, params, grads)
+    # Which library compiles first alternates from case to case, so neither always meets colder caches.
+    order = [ox_opt, ux_opt] if optax_first else [ux_opt, ox_opt]
+    compiled = {id(opt): compile_step(opt, params, grads) for opt in order}
+    ux_step, ux_compile, ux_state_bytes, ux_temp, ux_peak = compiled[id(ux_opt)]
+    ox_step, ox_compile, ox_state_bytes, ox_temp, ox_peak = compiled[id(ox_opt)]
     steps = [(ux_step, ux_opt.init(params)), (ox_step, ox_opt.init(params))]
     max_rel_diff = check_equal(steps, params)
-    ux_time, ox_time = time_side_by_side(steps, params, grads, repeats)
-    floor = FLOOR_PASSES[recipe] * nbytes(params) / bw
+    since = len(bw.seconds)
+    ux_time, ox_time = time_side_by_side(steps, params, grads, repeats, bw)
+    bandwidth = bw.bytes_per_second(since)
+    floor = FLOOR_PASSES[recipe] * nbytes(params) / bandwidth
     row = {
         "workload": workload, "recipe": recipe, "params": int(sum(x.size for x in jax.tree.leaves(params))),
         "leaves": len(jax.tree.leaves(params)),
@@ -228,7 +262,8 @@ def run_case(workload, params, recipe, repeats, bw):
         "step_ratio": ux_time / ox_time, "compile_ratio": ux_compile / ox_compile, "floor_ratio": ux_time / floor,
         "updax_state_mb": ux_state_bytes / 2**20, "optax_state_mb": ox_state_bytes / 2**20,
         "updax_temp_mb": ux_temp / 2**20, "optax_temp_mb": ox_temp / 2**20,
-        "max_rel_diff": max_rel_diff,
+        "updax_peak_mb": ux_peak / 2**20, "optax_peak_mb": ox_peak / 2**20,
+        "bandwidth_gb_s": bandwidth / 1e9, "max_rel_diff": max_rel_diff,
     }
     print(f"{workload:6s} {recipe:13s} step {row['updax_step_ms']:8.2f} ms vs {row['optax_step_ms']:8.2f} ms "
           f"({row['step_ratio']:.2f}x; floor {row['floor_ms']:.1f} ms, {row['floor_ratio']:.2f}x)  "
@@ -297,17 +332,21 @@ def markdown(result):
              f"streaming bandwidth {result['bandwidth_gb_s']:.1f} GB/s; medians of {result['repeats']} steps.",
              "",
              "| workload | recipe | updax step | optax step | ratio | floor | updax/floor | updax compile | "
-             "optax compile | ratio | state MB (updax/optax) | temp MB (updax/optax) | max rel diff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "optax compile | ratio | state MB (updax/optax) | temp MB (updax/optax) | peak MB (updax/optax) | "
+             "max rel diff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def cell(r, fmt, *keys):
+        return fmt.format(*(r[k] for k in keys)) if all(k in r for k in keys) else "-"
+
     for r in result["rows"]:
-        floor = f"{r['floor_ms']:.1f} ms" if "floor_ms" in r else "-"
-        floor_ratio = f"{r['floor_ratio']:.2f}x" if "floor_ratio" in r else "-"
-        state = f"{r['updax_state_mb']:.0f} / {r['optax_state_mb']:.0f}" if "updax_state_mb" in r else "-"
-        temp = f"{r['updax_temp_mb']:.1f} / {r['optax_temp_mb']:.1f}" if "updax_temp_mb" in r else "-"
-        diff = f"{r['max_rel_diff']:.0e}" if "max_rel_diff" in r else "-"
-        lines.append(f"| {r['workload']} | {r['recipe']} | {r['updax_step_ms']:.2f} ms | {r['optax_step_ms']:.2f} ms | "
-                     f"{r['step_ratio']:.2f}x | {floor} | {floor_ratio} | {r['updax_compile_s']:.2f} s | "
-                     f"{r['optax_compile_s']:.2f} s | {r['compile_ratio']:.2f}x | {state} | {temp} | {diff} |")
+        lines.append(" | ".join([
+            f"| {r['workload']}", r["recipe"], f"{r['updax_step_ms']:.2f} ms", f"{r['optax_step_ms']:.2f} ms",
+            f"{r['step_ratio']:.2f}x", cell(r, "{:.1f} ms", "floor_ms"), cell(r, "{:.2f}x", "floor_ratio"),
+            f"{r['updax_compile_s']:.2f} s", f"{r['optax_compile_s']:.2f} s", f"{r['compile_ratio']:.2f}x",
+            cell(r, "{:.0f} / {:.0f}", "updax_state_mb", "optax_state_mb"),
+            cell(r, "{:.1f} / {:.1f}", "updax_temp_mb", "optax_temp_mb"),
+            cell(r, "{:.0f} / {:.0f}", "updax_peak_mb", "optax_peak_mb"),
+            cell(r, "{:.0e}", "max_rel_diff")]) + " |")
     if result.get("eager"):
         lines += ["", "Eager (un-jitted) `update`, median of 3 calls:", "",
                   "| workload | recipe | updax | optax |", "| --- | --- | --- | --- |"]
@@ -355,12 +394,12 @@ def main(argv=None):
     chosen = args.workloads.split(",")
     recipes = args.recipes.split(",")
     data = workloads(args.quick)
-    bw = bandwidth(data["B"], repeats)
-    print(f"streaming bandwidth: {bw / 1e9:.1f} GB/s", flush=True)
+    bw = Bandwidth(data["B"])
+    warm_up(recipes)
     rows, eager = [], []
     for name in [w for w in ("T", "S", "B") if w in chosen]:
         for recipe in recipes:
-            rows.append(run_case(name, data[name], recipe, repeats, bw))
+            rows.append(run_case(name, data[name], recipe, repeats, bw, optax_first=len(rows) % 2 == 1))
     if "train" in chosen:
         for recipe in recipes:
             rows.append(train_step_case(recipe, repeats, args.quick))
@@ -376,7 +415,9 @@ def main(argv=None):
     result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
               "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
                          f"python {sys.version.split()[0]}",
-              "quick": args.quick, "repeats": repeats, "bandwidth_gb_s": bw / 1e9, "rows": rows, "eager": eager}
+              "quick": args.quick, "repeats": repeats,
+              "bandwidth_gb_s": bw.bytes_per_second() / 1e9 if bw.seconds else float("nan"),
+              "rows": rows, "eager": eager}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-quick" if args.quick else ""

@@ -118,12 +118,16 @@ def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
         import run as bench
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    result = bench.main(["--quick", "--workloads", "B", "--recipes", "adam,clip+adamw", "--repeats", "1",
+    result = bench.main(["--quick", "--workloads", "B", "--recipes", "adam,clip+adamw,lamb", "--repeats", "1",
                          "--out", str(tmp_path)])
-    assert [r["recipe"] for r in result["rows"]] == ["adam", "clip+adamw"]
+    assert [r["recipe"] for r in result["rows"]] == ["adam", "clip+adamw", "lamb"]
     for row in result["rows"]:
         assert row["max_rel_diff"] < 1e-3, row
         # Adam's state is its two float32 moments and a step count, nothing more.
         assert abs(row["updax_state_mb"] - 2 * 4 * row["params"] / 2**20) < 1e-3, row
+        # Donated params and state are updated in place: the step holds params, both moments, the gradients
+        # and its temporaries, once each (no output buffer of its own).
+        assert abs(row["updax_peak_mb"] - (4 * 4 * row["params"] / 2**20 + row["updax_temp_mb"])) < 1e-3, row
+        assert row["bandwidth_gb_s"] > 0, row
     assert (tmp_path / "results-quick.json").exists()
     assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()
