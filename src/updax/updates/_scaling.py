@@ -690,7 +690,7 @@ def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0):
 # Fused path: Adam, then decoupled weight decay, then the trust ratio (LAMB)
 
 
-_RECOMPUTE_MAX_SIZE = 2**20
+_RECOMPUTE_MAX_SIZE = 2**19
 
 
 def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
@@ -702,10 +702,11 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     the new moments and the params (the same arithmetic) behind an
     optimization barrier: XLA streams ``mu``, ``nu`` and the params once more
     instead of writing and reading ``u``. That wins for leaves up to
-    ``_RECOMPUTE_MAX_SIZE`` elements (measured on a 2-core CPU: 0.77x the step
-    time with 256K-element leaves, 1.28x with 4M-element ones, where XLA's
-    reduction kernel materialises its broadcast scalars); larger leaves keep
-    the stored ``u``. Moments stored narrower than they are computed in would
+    ``_RECOMPUTE_MAX_SIZE`` elements: measured on a 2-core CPU, 0.75-0.87x the
+    step time for 16M params in leaves of 2^14 to 2^19 elements; beyond, it
+    depends on how many leaves share a shape (XLA's reduction kernel writes
+    its broadcast scalars out once per shape): 0.63x with 16 leaves of 2^20,
+    1.17x with 4 of 2^22. Larger leaves keep the stored ``u``. Moments stored narrower than they are computed in would
     round differently, so those take the ordinary path.
     """
     adam, *middle, trust = stages
