@@ -2,27 +2,29 @@
 
 Run from the repository root (``pip install -e ".[bench]"`` first)::
 
-    python benchmarks/run.py              # everything, a few minutes on 2 cores
+    python benchmarks/run.py              # everything, about 35 minutes on 2 cores
     python benchmarks/run.py --quick      # small sizes and fewer repeats, a smoke run
 
 Each case jits one optimizer step, ``update`` then ``apply_updates``, with the
 params and the optimizer state donated (as a training loop does), for updax
 and for optax with the same hyperparameters. It reports
 
-- compile time: trace + lower + compile of that step, once per side;
+- compile time: trace + lower + compile of that step, once per side (after a
+  warm-up, the side that compiles first alternating from case to case);
 - step time: the median over ``--repeats`` timed calls, the two sides
   interleaved call by call so machine noise hits both alike;
-- memory: the optimizer state's bytes and XLA's temporary buffer bytes for
-  the step (``compiled.memory_analysis()``; with donation this is what a step
-  needs beyond params, grads and state);
+- memory: the optimizer state's bytes, XLA's temporary buffer bytes for the
+  step and its peak (``compiled.memory_analysis()``; with donation the
+  temporaries are what a step needs beyond params, grads and state);
 - the bandwidth floor: the bytes the update rule must read and write
   (``FLOOR_PASSES`` full-size float32 passes) over the streaming bandwidth of
-  a donated jitted elementwise kernel measured on this machine in this run;
+  a donated jitted elementwise kernel, timed inside the same interleaved loop;
 - numerical equality: the largest difference of both sides' params after 3
   steps, relative to the largest change optax made to that leaf.
 
 Results go to ``benchmarks/results/results.json`` and ``results.md``, and a
-plot to ``docs/performance.png``. Eager (un-jitted) ``update`` is timed too.
+plot to ``docs/performance.png``. Eager (un-jitted) ``update`` is timed too, each
+library in a fresh process (its first call compiles every op per leaf shape).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -235,9 +238,26 @@ def eager_step_time(opt, params, grads, repeats=3):
 
 
 #: Eager cases: (workload, recipe, leaves kept). On S every op compiles once per leaf shape on first use,
-#: about 0.4 s a leaf on either library, so the first 100 leaves stand for the 1000.
+#: so the first 100 leaves stand for the 1000.
 EAGER_CASES = [("T", "adam", None), ("T", "clip+adamw", None), ("B", "adam", None), ("S", "adam", 100),
                ("S", "clip+adamw", 100)]
+
+
+def eager_case(side, name, recipe, kept, quick):
+    """One library's eager timings, in a fresh process: op programs compiled by the other library's calls
+    would otherwise be reused (in one process, whichever side runs second meets a warm cache)."""
+    command = [sys.executable, __file__, "--eager-case", f"{side},{name},{recipe},{kept}"] + (["--quick"] if quick else [])
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _run_eager_case(spec, quick):
+    side, name, recipe, kept = spec.split(",")
+    params = workloads(quick)[name]
+    if kept != "None":
+        params = dict(list(params.items())[:int(kept)])
+    opt = RECIPES[recipe][0 if side == "updax" else 1]()
+    print(json.dumps(eager_step_time(opt, params, grads_like(params, 0))))
 
 
 def warm_up(recipes):
@@ -398,7 +418,10 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "performance.png"))
+    parser.add_argument("--eager-case", help=argparse.SUPPRESS)  # internal: one side's eager timings
     args = parser.parse_args(argv)
+    if args.eager_case:
+        return _run_eager_case(args.eager_case, args.quick)
     repeats = args.repeats or (3 if args.quick else 15)
     chosen = args.workloads.split(",")
     recipes = args.recipes.split(",")
@@ -413,12 +436,8 @@ def main(argv=None):
         for recipe in recipes:
             rows.append(train_step_case(recipe, repeats, args.quick))
     for name, recipe, kept in [case for case in EAGER_CASES if case[0] in chosen and case[1] in recipes]:
-        params = data[name]
-        if kept is not None:
-            params = dict(list(params.items())[:kept])
-        grads = grads_like(params, 0)
-        ux_opt, ox_opt = RECIPES[recipe][0](), RECIPES[recipe][1]()
-        (ux_first, ux_s), (ox_first, ox_s) = eager_step_time(ux_opt, params, grads), eager_step_time(ox_opt, params, grads)
+        (ux_first, ux_s), (ox_first, ox_s) = (eager_case(side, name, recipe, kept, args.quick)
+                                              for side in ("updax", "optax"))
         eager.append({"workload": name if kept is None else f"{name} ({kept} leaves)", "recipe": recipe,
                       "updax_first_s": ux_first, "optax_first_s": ox_first, "updax_s": ux_s, "optax_s": ox_s})
         print(f"eager  {eager[-1]['workload']} {recipe}: first call updax {ux_first:.2f} s, optax {ox_first:.2f} s; "

@@ -30,8 +30,10 @@ def tree(rng, dtype=jnp.float32, big=False):
     def arr(*shape):
         return jnp.asarray(rng.normal(size=shape).astype(np.float32), dtype)
 
-    out = {"dense": {"w": arr(6, 5), "b": arr(5)}, "seq": [arr(7), (arr(2, 3), None)], "s": arr(), "empty": {}}
-    if big:  # above the size up to which the update is recomputed rather than kept
+    out = {"dense": {"w": arr(6, 5), "b": arr(5)}, "seq": [arr(7), (arr(2, 3), None)], "s": arr(), "empty": {},
+           # enough leaves of one shape for their updates to be recomputed rather than kept
+           "layers": [{"w": arr(4, 3), "b": arr(3)} for _ in range(_scaling._RECOMPUTE_MIN_SHARED)]}
+    if big:  # above the size up to which the update is recomputed
         out["big"] = arr(_scaling._RECOMPUTE_MAX_SIZE + 8)
     return out
 
@@ -45,10 +47,15 @@ CASES = {
 }
 
 
-def test_the_paths_are_used():
-    fused = [_core._fused_path(opt().stages[i:], params={})[0] for opt in CASES.values()
-             for i in range(len(opt().stages))]
-    assert sum(run is not None for run in fused) == len(CASES)
+def test_every_registered_path_is_covered_here():
+    covered = set()
+    for make in CASES.values():
+        stages = make().stages
+        for i in range(len(stages)):
+            run, width = _core._fused_path(stages[i:], params={})
+            if run is not None:
+                covered.add(tuple(stage.apply_fn for stage in stages[i:i + width]))
+    assert covered == {kernels for kernels, _ in _core._FUSED_PATHS}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -83,7 +90,7 @@ def test_without_params_it_says_which_stage_needs_them():
         opt.update(params, opt.init(params))
 
 
-def test_lamb_step_stores_no_update_per_leaf():
+def test_lamb_step_stores_no_update_per_layer():
     """The update the trust ratio measures is recomputed, not stored.
 
     One by one, XLA keeps the whole update tree as a temporary: it grows with
@@ -93,7 +100,7 @@ def test_lamb_step_stores_no_update_per_leaf():
     opt = ux.optimizers.lamb(1e-3, decay=1e-4)
 
     def temp_bytes(layers, run):
-        params = [{"w1": jnp.ones((256, 512)), "w2": jnp.ones((512, 256)), "b": jnp.zeros(256)}
+        params = [{"w1": jnp.ones((128, 256)), "w2": jnp.ones((256, 128)), "b": jnp.zeros(128)}
                   for _ in range(layers)]
 
         def step(p, s, g):
@@ -103,8 +110,21 @@ def test_lamb_step_stores_no_update_per_leaf():
         compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), params).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
-    layer_bytes = (2 * 256 * 512 + 256) * 4
-    unfused = [temp_bytes(n, lambda g, s, p: one_by_one(opt, g, s, p)) for n in (2, 6)]
-    fused = [temp_bytes(n, opt.update) for n in (2, 6)]
-    assert unfused[1] - unfused[0] >= 4 * layer_bytes
+    layer_bytes = (2 * 128 * 256 + 128) * 4
+    layers = (_scaling._RECOMPUTE_MIN_SHARED, _scaling._RECOMPUTE_MIN_SHARED + 8)
+    unfused = [temp_bytes(n, lambda g, s, p: one_by_one(opt, g, s, p)) for n in layers]
+    fused = [temp_bytes(n, opt.update) for n in layers]
+    assert unfused[1] - unfused[0] >= 8 * layer_bytes
     assert fused[1] - fused[0] < layer_bytes / 8
+
+
+def test_with_few_leaves_per_shape_it_is_the_ordinary_computation():
+    """Unique shapes (as in a model of many different layers): recomputing would cost more than it saves."""
+    opt = ux.optimizers.lamb(1e-3, decay=1e-4)
+    params = {f"l{i}": jnp.ones((3, 4 + i)) for i in range(_scaling._RECOMPUTE_MIN_SHARED)}
+    state = opt.init(params)
+    fused = jax.make_jaxpr(opt.update)(params, state, params)
+    ordinary = jax.make_jaxpr(lambda g, s, p: one_by_one(opt, g, s, p))(params, state, params)
+    assert str(fused) == str(ordinary)
+    layers = [jnp.ones(3)] * _scaling._RECOMPUTE_MIN_SHARED  # one shape, enough leaves: recomputed
+    assert "optimization_barrier" in str(jax.make_jaxpr(opt.update)(layers, opt.init(layers), layers))

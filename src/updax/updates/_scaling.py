@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import NamedTuple
 
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax import _validate as check
 from updax._core import combinator, register_fused_path, stateful, stateless
+from updax.updates._noise_decay import _apply_add_decayed_weights
 
 # --------------------------------------------------------------------------
 # States
@@ -690,7 +692,10 @@ def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0):
 # Fused path: Adam, then decoupled weight decay, then the trust ratio (LAMB)
 
 
-_RECOMPUTE_MAX_SIZE = 2**19
+#: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
+_RECOMPUTE_MIN_SHARED = 16
+#: ... and it has at most this many elements (see _run_adam_then_trust_ratio).
+_RECOMPUTE_MAX_SIZE = 2**20
 
 
 def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
@@ -700,23 +705,34 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     rescaling, so XLA stores all of it in between. Here the norms are taken
     from ``u`` as usual, and the update that gets rescaled is recomputed from
     the new moments and the params (the same arithmetic) behind an
-    optimization barrier: XLA streams ``mu``, ``nu`` and the params once more
-    instead of writing and reading ``u``. That wins for leaves up to
-    ``_RECOMPUTE_MAX_SIZE`` elements: measured on a 2-core CPU, 0.75-0.87x the
-    step time for 16M params in leaves of 2^14 to 2^19 elements; beyond, it
-    depends on how many leaves share a shape (XLA's reduction kernel writes
-    its broadcast scalars out once per shape): 0.63x with 16 leaves of 2^20,
-    1.17x with 4 of 2^22. Larger leaves keep the stored ``u``. Moments stored narrower than they are computed in would
-    round differently, so those take the ordinary path.
+    optimization barrier, so XLA streams ``mu``, ``nu`` and the params once
+    more instead of writing and reading ``u``.
+
+    The recomputation has a cost of its own: XLA's reduction kernel writes its
+    broadcast scalars out, once per distinct leaf shape. So it pays where many
+    leaves share a shape, as the layers of a deep model do. Measured on a
+    2-core CPU (step time against storing ``u``): 2.0x with 1 leaf per shape,
+    1.5x with 2, 1.3x with 4, 0.94x with 8 (leaves of 2^16 elements); 0.75-0.87x
+    with 32 to 1024 leaves per shape of 2^14 to 2^19 elements, 0.63x with 16
+    of 2^20, 1.17x with 4 of 2^22. Leaves outside ``_RECOMPUTE_MIN_SHARED`` /
+    ``_RECOMPUTE_MAX_SIZE`` keep the stored ``u``, and when none qualifies this
+    is the ordinary path. Moments stored narrower than they are computed in
+    would round differently, so those take the ordinary path too.
     """
     adam, *middle, trust = stages
     u, adam_state = adam.apply(updates, states[0], params, extra)
     for stage, state in zip(middle, states[1:-1]):
         u, _ = stage.apply(u, state, params, extra)
     new_states = (adam_state, *states[1:])
+    shared = collections.Counter((x.shape, x.dtype) for x in jax.tree.leaves(u))
+
+    def recompute(x):
+        return shared[(x.shape, x.dtype)] >= _RECOMPUTE_MIN_SHARED and x.size <= _RECOMPUTE_MAX_SIZE
+
     mu, nu = jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)
-    if any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype)
-           for g, m, v in zip(jax.tree.leaves(updates), mu, nu)):
+    narrowed = any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype)
+                   for g, m, v in zip(jax.tree.leaves(updates), mu, nu))
+    if narrowed or not any(recompute(x) for x in jax.tree.leaves(u)):
         return trust.apply(u, states[-1], params, extra)[0], new_states
     ratios = _trust_ratios(u, params, **{k: trust.option(k) for k, _ in trust.options})
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
@@ -725,16 +741,9 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     again = jax.tree.map(lambda g, m, v: _adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
     for stage, state in zip(middle, states[1:-1]):
         again, _ = stage.apply(again, state, p, extra)
-    return jax.tree.map(lambda u, again, r: _trust_scaled(again if u.size <= _RECOMPUTE_MAX_SIZE else u, r),
-                        u, again, ratios), new_states
+    return jax.tree.map(lambda u, again, r: _trust_scaled(again if recompute(u) else u, r), u, again, ratios), new_states
 
 
-def _register_fused_paths():
-    from updax.updates._noise_decay import _apply_add_decayed_weights
-
-    register_fused_path((_apply_scale_by_adam, _apply_add_decayed_weights, _apply_scale_by_trust_ratio),
-                        _run_adam_then_trust_ratio)
-    register_fused_path((_apply_scale_by_adam, _apply_scale_by_trust_ratio), _run_adam_then_trust_ratio)
-
-
-_register_fused_paths()
+register_fused_path((_apply_scale_by_adam, _apply_add_decayed_weights, _apply_scale_by_trust_ratio),
+                    _run_adam_then_trust_ratio)
+register_fused_path((_apply_scale_by_adam, _apply_scale_by_trust_ratio), _run_adam_then_trust_ratio)
