@@ -246,7 +246,8 @@ EAGER_CASES = [("T", "adam", None), ("T", "clip+adamw", None), ("B", "adam", Non
 def eager_case(side, name, recipe, kept, quick):
     """One library's eager timings, in a fresh process: op programs compiled by the other library's calls
     would otherwise be reused (in one process, whichever side runs second meets a warm cache)."""
-    command = [sys.executable, __file__, "--eager-case", f"{side},{name},{recipe},{kept}"] + (["--quick"] if quick else [])
+    command = [sys.executable, __file__, "--eager-case", f"{side},{name},{recipe},{kept}"]
+    command += ["--quick"] if quick else []
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -272,10 +273,11 @@ def run_case(workload, params, recipe, repeats, bw, optax_first=False):
     ux_opt, ox_opt = RECIPES[recipe][0](), RECIPES[recipe][1]()
     grads = grads_like(params, 0)
     # Which library compiles first alternates from case to case, so neither always meets colder caches.
-    order = [ox_opt, ux_opt] if optax_first else [ux_opt, ox_opt]
-    compiled = {id(opt): compile_step(opt, params, grads) for opt in order}
-    ux_step, ux_compile, ux_state_bytes, ux_temp, ux_peak = compiled[id(ux_opt)]
-    ox_step, ox_compile, ox_state_bytes, ox_temp, ox_peak = compiled[id(ox_opt)]
+    compiled = [None, None]
+    for i in ((1, 0) if optax_first else (0, 1)):
+        compiled[i] = compile_step((ux_opt, ox_opt)[i], params, grads)
+    (ux_step, ux_compile, ux_state_bytes, ux_temp, ux_peak), (ox_step, ox_compile, ox_state_bytes, ox_temp,
+                                                              ox_peak) = compiled
     steps = [(ux_step, ux_opt.init(params)), (ox_step, ox_opt.init(params))]
     max_rel_diff = check_equal(steps, params)
     since = len(bw.seconds)

@@ -741,7 +741,8 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     again = jax.tree.map(lambda g, m, v: _adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
     for stage, state in zip(middle, states[1:-1]):
         again, _ = stage.apply(again, state, p, extra)
-    return jax.tree.map(lambda u, again, r: _trust_scaled(again if recompute(u) else u, r), u, again, ratios), new_states
+    scaled = jax.tree.map(lambda u, again, r: _trust_scaled(again if recompute(u) else u, r), u, again, ratios)
+    return scaled, new_states
 
 
 register_fused_path((_apply_scale_by_adam, _apply_add_decayed_weights, _apply_scale_by_trust_ratio),
