@@ -720,18 +720,22 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     would round differently, so those take the ordinary path too.
     """
     adam, *middle, trust = stages
+
+    def through_middle(u, params):  # the stateless stages between Adam and the trust ratio
+        for stage, state in zip(middle, states[1:-1]):
+            u, _ = stage.apply(u, state, params, extra)
+        return u
+
     u, adam_state = adam.apply(updates, states[0], params, extra)
-    for stage, state in zip(middle, states[1:-1]):
-        u, _ = stage.apply(u, state, params, extra)
+    u = through_middle(u, params)
     new_states = (adam_state, *states[1:])
     shared = collections.Counter((x.shape, x.dtype) for x in jax.tree.leaves(u))
 
     def recompute(x):
         return shared[(x.shape, x.dtype)] >= _RECOMPUTE_MIN_SHARED and x.size <= _RECOMPUTE_MAX_SIZE
 
-    mu, nu = jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)
-    narrowed = any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype)
-                   for g, m, v in zip(jax.tree.leaves(updates), mu, nu))
+    narrowed = any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype) for g, m, v in
+                   zip(jax.tree.leaves(updates), jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)))
     if narrowed or not any(recompute(x) for x in jax.tree.leaves(u)):
         return trust.apply(u, states[-1], params, extra)[0], new_states
     ratios = _trust_ratios(u, params, **{k: trust.option(k) for k, _ in trust.options})
@@ -739,8 +743,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     c1, c2 = _bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
     again = jax.tree.map(lambda g, m, v: _adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
-    for stage, state in zip(middle, states[1:-1]):
-        again, _ = stage.apply(again, state, p, extra)
+    again = through_middle(again, p)
     scaled = jax.tree.map(lambda u, again, r: _trust_scaled(again if recompute(u) else u, r), u, again, ratios)
     return scaled, new_states
 
