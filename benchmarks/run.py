@@ -58,7 +58,7 @@ RECIPES = {
                    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=1e-4))),
     "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0, decay=1e-4), lambda: optax.lamb(1e-3, weight_decay=1e-4)),
     "sgd+momentum": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
-    "lion": (lambda: O.lion(1e-4, b1=0.9, b2=0.99, weight_decay=1e-3),
+    "lion": (lambda: O.lion(1e-4, b1=0.9, b2=0.99, decay=1e-3),
              lambda: optax.lion(1e-4, b1=0.9, b2=0.99, weight_decay=1e-3)),
     "adafactor": (lambda: O.adafactor(1e-3), lambda: optax.adafactor(1e-3)),
 }

@@ -62,7 +62,7 @@ ENTRIES = {
     "scale_by_amsgrad": lambda: ux.scale_by_amsgrad(b1=0.8, b2=0.95, eps=1e-8, eps_root=0.0),
     "scale_by_adamax": lambda: ux.scale_by_adamax(b1=0.8, b2=0.95, eps=1e-8),
     "scale_by_nadam": lambda: ux.scale_by_nadam(b1=0.8, b2=0.95, eps=1e-8, eps_root=0.0),
-    "scale_by_novograd": lambda: ux.scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=1e-3),
+    "scale_by_novograd": lambda: ux.scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, decay=1e-3),
     "scale_by_adadelta": lambda: ux.scale_by_adadelta(rho=0.9, eps=1e-6),
     "scale_by_rprop": lambda: ux.scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6,
                                                 max_step_size=50.0),

@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import updax as ux
-from updax.updates._adaptive import (
+from updax.updates import (
     scale_by_adadelta,
     scale_by_adamax,
     scale_by_adan,
@@ -157,7 +157,7 @@ def test_parity_with_optax(ux_factory, ox_factory, state_pairs, lr):
 @pytest.mark.parametrize("weight_decay", [0.05, 0.0])
 def test_novograd_parity_with_optax(weight_decay):
     """With weight decay on evolving params; without it, updax needs no params (optax always does)."""
-    ux_opt = scale_by_novograd(**NOVOGRAD_KW, weight_decay=weight_decay)
+    ux_opt = scale_by_novograd(**NOVOGRAD_KW, decay=weight_decay)
     ox_opt = optax.scale_by_novograd(**NOVOGRAD_KW, weight_decay=weight_decay, mu_dtype=None)
     decays = weight_decay != 0.0
     ux_state, ox_state = run_pair(ux_opt, ox_opt, lr=-0.01 if decays else None, ux_params=decays)
@@ -244,7 +244,7 @@ BUILDERS = {
     "scale_by_amsgrad": lambda **dt: scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, **dt),
     "scale_by_adamax": lambda **dt: scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8, **dt),
     "scale_by_nadam": lambda **dt: scale_by_nadam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, **dt),
-    "scale_by_novograd": lambda **dt: scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, weight_decay=1e-3,
+    "scale_by_novograd": lambda **dt: scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, decay=1e-3,
                                                         **dt),
     "scale_by_adadelta": lambda **dt: scale_by_adadelta(rho=0.9, eps=1e-6, **dt),
     "scale_by_rprop": lambda **dt: scale_by_rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2,
@@ -337,8 +337,8 @@ BAD_OPTIONS = [
     (lambda: scale_by_amsgrad(b1=True), TypeError, "scale_by_amsgrad(b1=True): b1 must be a real number"),
     (lambda: scale_by_adamax(b2=1.0), ValueError, "scale_by_adamax(b2=1.0): b2 must be in [0, 1)"),
     (lambda: scale_by_nadam(eps_root=-1e-8), ValueError, "scale_by_nadam(eps_root=-1e-08): eps_root must be in"),
-    (lambda: scale_by_novograd(weight_decay="0.1"), TypeError,
-     "scale_by_novograd(weight_decay='0.1'): weight_decay must be a real number"),
+    (lambda: scale_by_novograd(decay="0.1"), TypeError,
+     "scale_by_novograd(decay='0.1'): decay must be a real number"),
     (lambda: scale_by_novograd(b2=1.0), ValueError, "scale_by_novograd(b2=1.0): b2 must be in [0, 1)"),
     (lambda: scale_by_adadelta(rho=1.0), ValueError, "scale_by_adadelta(rho=1.0): rho must be in [0, 1)"),
     (lambda: scale_by_adadelta(eps=None), TypeError, "scale_by_adadelta(eps=None): eps must be a real number"),
@@ -374,7 +374,7 @@ OPTAX_DEFAULTS = {
     scale_by_amsgrad: (optax.scale_by_amsgrad, ["b1", "b2", "eps", "eps_root"]),
     scale_by_adamax: (optax.scale_by_adamax, ["b1", "b2", "eps"]),
     scale_by_nadam: (optax.nadam, ["b1", "b2", "eps", "eps_root"]),
-    scale_by_novograd: (optax.scale_by_novograd, ["b1", "b2", "eps", "eps_root", "weight_decay"]),
+    scale_by_novograd: (optax.scale_by_novograd, ["b1", "b2", "eps", "eps_root", ("decay", "weight_decay")]),
     scale_by_adadelta: (optax.scale_by_adadelta, ["rho", "eps"]),
     scale_by_rprop: (optax.scale_by_rprop, ["eta_minus", "eta_plus", "min_step_size", "max_step_size"]),
     scale_by_adan: (optax.scale_by_adan, ["b1", "b2", "b3", "eps", "eps_root"]),
@@ -386,7 +386,8 @@ def test_defaults_are_optax_s(fn):
     optax_fn, names = OPTAX_DEFAULTS[fn]
     ours, theirs = inspect.signature(fn).parameters, inspect.signature(optax_fn).parameters
     for name in names:
-        assert ours[name].default == theirs[name].default, (fn.__name__, name)
+        ours_name, theirs_name = name if isinstance(name, tuple) else (name, name)
+        assert ours[ours_name].default == theirs[theirs_name].default, (fn.__name__, name)
 
 
 def test_repr_shows_the_options():

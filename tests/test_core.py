@@ -80,7 +80,7 @@ def _double(updates, params):
 
 def test_stateless_with_a_parent_and_as_a_method():
     assert ux.stateless(ux.clip(), _double) == ux.clip().stateless(_double)
-    assert repr(ux.clip().stateless(_double)) == "clip(delta=2.0) |> stateless(_double)"
+    assert repr(ux.clip().stateless(_double)) == "clip(delta=2.0) |> stateless(test_core._double)"
     out, state = ux.clip(1.0).stateless(_double).update({"w": jnp.array([3.0, 0.25])}, ((), ()))
     np.testing.assert_array_equal(out["w"], [2.0, 0.5])
 
@@ -178,7 +178,7 @@ def test_hyperparameters_can_be_jax_values():
     lr = jnp.asarray(0.25)
     opt = ux.scale(lr)
     np.testing.assert_allclose(opt.update({"w": jnp.ones(2)}, opt.init(None))[0]["w"], 0.25)
-    assert repr(opt) == "scale(step_size=0.25)"
+    assert repr(opt) == "scale(step_size=array(0.25, dtype=float32))"  # not the Python float 0.25
     # built inside jit, from a traced value
     out = jax.jit(lambda s, g: ux.scale(s).update(g, ((),))[0])(jnp.asarray(3.0), {"w": jnp.ones(1)})
     np.testing.assert_allclose(out["w"], 3.0)
@@ -262,7 +262,7 @@ def test_state_path_errors_are_clear():
     state = opt.init({"w": jnp.zeros(1)})
     with pytest.raises(KeyError, match=r"no stage named 'trace' .*stages: \['scale_by_adam', 'scale'\]"):
         opt.get_state(state, "trace")
-    with pytest.raises(KeyError, match=r"has no field 'sigma' \(fields: \['mu', 'nu', 'count'\]; hyperparameters: \['b1', 'b2', 'eps', 'eps_root'\]\)"):
+    with pytest.raises(KeyError, match=r"has no field 'sigma' \(fields: \['mu', 'nu', 'count'\]; options: \['b1', 'b2', 'eps', 'eps_root', 'mu_dtype', 'nu_dtype'\]\)"):
         opt.get_state(state, "scale_by_adam.sigma")
     with pytest.raises(KeyError, match="scale_by_adam wraps no pipeline"):
         opt.get_state(state, "scale_by_adam/scale")
@@ -359,8 +359,8 @@ def test_user_options_that_are_trees_of_numbers_are_leaves():
     other = ux.stateless(_betas_kernel, name="affine", options={"betas": (3.0, 0.0)})
     assert float(step(other, {"w": jnp.ones(1)})["w"][0]) == 3.0
     assert len(traces) == 1
-    with pytest.raises(TypeError, match=r"affine\(names=\[\{1\}\]\): an option must be a number"):
-        ux.stateless(_betas_kernel, name="affine", options={"names": [{1}]})
+    with pytest.raises(TypeError, match=r"affine\(betas=\[\{1\}\]\): an option must be a number"):
+        ux.stateless(_betas_kernel, name="affine", options={"betas": [{1}]})
 
 
 def _labelled(updates, params, *, labels):
@@ -384,7 +384,7 @@ def test_a_user_combinator_cannot_take_over_a_catalogue_name():
     def scale(x):
         return ux.stateless(_double, name="myscale")
 
-    with pytest.raises(ValueError, match=r"cannot register combinator 'scale' .*updax.updates._scaling.scale already"):
+    with pytest.raises(ValueError, match=r"cannot register combinator 'scale' .*updax.updates._step_size.scale already"):
         ux.combinator(scale)
     assert repr(ux.clip().scale(3.0)) == "clip(delta=2.0) |> scale(step_size=3.0)"
 
@@ -394,3 +394,193 @@ def test_a_missing_key_is_named_as_missing():
     state = opt.init({"b": jnp.zeros(1), "w": jnp.zeros(1)})
     with pytest.raises(ValueError, match=r"\['b'\] is in state.mu but not in updates"):
         opt.update({"w": jnp.zeros(1)}, state)
+
+
+# --- one printed pipeline, one meaning ------------------------------------------
+
+
+def _nan_then_finite():
+    return [{"w": jnp.array([jnp.nan, 1.0])}, {"w": jnp.array([0.5, 1.0])}]
+
+
+@pytest.mark.parametrize("wrapper", ["apply_if_finite", "accumulate_gradients", "masked", "schedule_free"])
+def test_a_wrapper_composed_after_stages_wraps_them(wrapper):
+    """compose(a, wrapper()) is a.wrapper(): the same object, the same state, the same numbers."""
+    options = {"apply_if_finite": (), "accumulate_gradients": (2,), "masked": ({"w": True},),
+               "schedule_free": (0.1,)}[wrapper]
+    parent = ux.optimizers.adam(0.1) if wrapper != "schedule_free" else ux.scale_by_learning_rate(0.1)
+    composed = ux.compose(parent, getattr(ux, wrapper)(*options))
+    fluent = getattr(parent, wrapper)(*options)
+    assert composed == fluent and repr(composed) == repr(fluent) and hash(composed) == hash(fluent)
+    assert len(composed.stages) == 1
+
+
+def test_compose_after_stages_guards_them_from_a_nan():
+    opt = ux.compose(ux.optimizers.adam(0.1), ux.apply_if_finite())
+    params = {"w": jnp.zeros(2)}
+    state = opt.init(params)
+    for grads in _nan_then_finite():
+        updates, state = opt.update(grads, state, params)
+    mu = opt.get_state(state, "apply_if_finite/scale_by_adam.mu")["w"]
+    assert np.all(np.isfinite(mu)) and int(opt.get_state(state, "apply_if_finite/scale_by_adam.count")) == 1
+
+
+def test_a_wrapper_of_part_of_a_pipeline_prints_what_it_wraps():
+    part = ux.compose(ux.scale(2.0), ux.trace().accumulate_gradients(2))
+    whole = ux.scale(2.0).trace().accumulate_gradients(2)
+    assert part != whole and repr(part) != repr(whole)
+    assert repr(part) == ("scale(step_size=2.0) |> accumulate_gradients(trace(decay=0.9, nesterov=False), steps=2, "
+                          "mean=True)")
+    assert repr(whole) == "scale(step_size=2.0) |> trace(decay=0.9, nesterov=False) |> accumulate_gradients(steps=2, mean=True)"
+    # Where it matters, the two compute differently: clipping each call, or the mean of two calls.
+    part, whole = ux.compose(ux.clip(1.0), ux.trace().accumulate_gradients(2)), ux.clip(1.0).trace().accumulate_gradients(2)
+    assert repr(part) != repr(whole)
+    outs = []
+    for opt in (part, whole):
+        state = opt.init({"w": jnp.zeros(1)})
+        for g in (3.0, -1.0):
+            u, state = opt.update({"w": jnp.array([g])}, state)
+        outs.append(float(u["w"][0]))
+    assert outs == [0.0, 1.0]  # mean(clip(3), clip(-1)) = 0; clip(mean(3, -1)) = 1
+
+
+def test_a_wrapper_with_nothing_before_it_wraps_nothing():
+    alone = ux.apply_if_finite()
+    assert repr(alone) == "apply_if_finite(max_consecutive_errors=5)"
+    assert repr(ux.compose(alone, ux.scale(2.0))) == "apply_if_finite(max_consecutive_errors=5) |> scale(step_size=2.0)"
+    assert len(ux.compose(alone, ux.scale(2.0)).stages) == 2
+
+
+def test_identity_is_a_combinator_like_any_other():
+    parent = ux.scale(2.0)
+    assert ux.identity().identity() == ux.identity()
+    assert ux.identity(parent) == parent.identity() == parent.pipe(ux.identity) == parent
+    assert toolz.thread_first(ux.identity(), ux.identity, (ux.scale, 2.0)) == parent
+
+
+# --- schedules are explicit ----------------------------------------------------------
+
+
+def _activate(updates, params, *, fn):
+    return jax.tree.map(fn, updates)
+
+
+def _scaled_by(updates, params, *, factor):
+    return jax.tree.map(lambda g: g * factor, updates)
+
+
+def test_a_callable_option_reaches_the_kernel_as_a_function_unless_declared_schedulable():
+    opt = ux.stateless(_activate, options={"fn": jnp.tanh})
+    g = {"w": jnp.array([0.5, -2.0])}
+    out, state = opt.update(g, opt.init(g))
+    np.testing.assert_allclose(out["w"], np.tanh([0.5, -2.0]), rtol=1e-6)
+    assert state == (ux.EmptyState(),)
+    scheduled = ux.stateless(_scaled_by, options={"factor": lambda count: 2.0 ** count}, schedulable=["factor"])
+    state = scheduled.init(g)
+    assert isinstance(state[0], ux.ScheduledState)
+    for t in range(3):
+        out, state = scheduled.update(g, state)
+        np.testing.assert_allclose(out["w"], np.array([0.5, -2.0]) * 2.0**t)
+    constant = ux.stateless(_scaled_by, options={"factor": 3.0}, schedulable=["factor"])
+    assert constant.init(g) == (ux.EmptyState(),)
+
+
+def test_schedulable_and_static_names_are_checked():
+    with pytest.raises(ValueError, match=r"stateless\(schedulable=...\): \['rate'\] are not options of the stage"):
+        ux.stateless(_scaled_by, options={"factor": 1.0}, schedulable=["rate"])
+    with pytest.raises(TypeError, match="schedulable must be a collection of option names, not a string"):
+        ux.stateless(_scaled_by, options={"factor": 1.0}, schedulable="factor")
+    with pytest.raises(ValueError, match=r"cannot be both static and schedulable"):
+        ux.stateless(_scaled_by, options={"factor": 1.0}, schedulable=["factor"], static=["factor"])
+
+
+def test_a_class_is_not_a_schedule():
+    with pytest.raises(TypeError, match=r"scale\(step_size=<class 'float'>\): step_size must be a real number"):
+        ux.scale(float)
+
+
+# --- options are values --------------------------------------------------------------
+
+
+def _masked_double(updates, params, *, mask):
+    return jax.tree.map(lambda g, m: g * 2.0 if m else g, updates, mask)
+
+
+def test_options_are_copied_when_the_object_is_built():
+    mask = {"a": True, "b": False}
+    opt = ux.stateless(_masked_double, name="masked_double", options={"mask": mask})
+    before, before_hash = repr(opt), hash(opt)
+    mask["b"] = True
+    g = {"a": jnp.ones(1), "b": jnp.ones(1)}
+    assert repr(opt) == before and hash(opt) == before_hash
+    assert float(opt.update(g, opt.init(g))[0]["b"][0]) == 1.0
+
+    lr = np.array(0.5, np.float32)
+    scaled = ux.scale(lr)
+    lr[...] = 5.0
+    assert float(scaled.update({"w": jnp.ones(1)}, scaled.init(None))[0]["w"][0]) == 0.5
+    assert scaled == ux.scale(np.array(0.5, np.float32)) and hash(scaled) == hash(ux.scale(np.array(0.5, np.float32)))
+    with pytest.raises(ValueError, match="read-only"):
+        scaled.stages[0].option("step_size")[...] = 1.0
+
+
+def test_dict_options_print_in_the_order_they_compare_in():
+    a = ux.masked(ux.scale(2.0), {"w": True, "b": False})
+    b = ux.masked(ux.scale(2.0), {"b": False, "w": True})
+    assert a == b and repr(a) == repr(b) == "scale(step_size=2.0) |> masked(mask={'b': False, 'w': True})"
+
+
+@pytest.mark.parametrize("x, y", [(1, 1.0), (0.0, -0.0), (True, 1), (np.float32(0.5), 0.5),
+                                  (np.float32(0.5), np.float64(0.5)), (jax.random.key(0), np.array([0, 0], np.uint32))])
+def test_options_that_compute_differently_are_different_and_print_differently(x, y):
+    a = ux.stateless(_scaled_by, options={"factor": x})
+    b = ux.stateless(_scaled_by, options={"factor": y})
+    assert a != b and repr(a) != repr(b)
+
+
+def test_numpy_and_jax_arrays_of_one_value_and_dtype_are_one_option():
+    a, b = ux.scale(np.asarray(0.25, np.float32)), ux.scale(jnp.asarray(0.25, jnp.float32))
+    assert a == b and hash(a) == hash(b) and repr(a) == repr(b) == "scale(step_size=array(0.25, dtype=float32))"
+
+
+def test_large_array_options_print_a_digest_of_their_values():
+    a = ux.ema(0.9, init={"w": jnp.zeros(100)})
+    b = ux.ema(0.9, init={"w": jnp.zeros(100).at[50].set(1.0)})
+    assert a != b and repr(a) != repr(b)
+    assert "array(shape=(100,), dtype=float32, digest=" in repr(a)
+
+
+def _closure_kernel(factor):
+    def kernel(updates, params):
+        return jax.tree.map(lambda g: g * factor, updates)
+
+    return kernel
+
+
+def test_functions_print_as_where_they_are_found():
+    assert repr(ux.stateless(_double)) == "stateless(test_core._double)"
+    assert repr(ux.scale_by_schedule(jnp.exp)) == "scale_by_schedule(schedule_fn=jax.numpy.exp)"
+    first, second = ux.stateless(_closure_kernel(2.0)), ux.stateless(_closure_kernel(2.0))  # both alive
+    assert repr(first).startswith("stateless(<function _closure_kernel.<locals>.kernel at 0x")
+    assert first != second and repr(first) != repr(second)
+
+
+# --- a stage name binds its computation ----------------------------------------------
+
+
+def test_a_stage_name_binds_its_kernels_and_declarations():
+    ux.stateless(_double, name="doubling")
+    with pytest.raises(ValueError, match=r"stage name 'doubling' is already bound to kernels test_core._double"):
+        ux.stateless(_betas_kernel, name="doubling")
+    with pytest.raises(ValueError, match=r"stage name 'scale' is already bound to kernels "
+                                         r"updax.updates._step_size._apply_scale"):
+        ux.stateless(_double, name="scale", options={"step_size": 1.0})
+    with pytest.raises(ValueError, match=r"stage 'doubling' is declared two ways"):
+        ux.stateless(_double, name="doubling", options={"extra": 1.0})
+    with pytest.raises(ValueError, match="a kernel defined inside a function or as a lambda is a new object"):
+        for _ in range(2):
+            ux.stateless(_closure_kernel(2.0), name="closure_scaled")
+    with pytest.raises(ValueError, match="a stage name must be a Python identifier other than stateless and stateful"):
+        ux.stateless(_double, name="stateless")
+    with pytest.raises(ValueError, match="a stage name must be a Python identifier"):
+        ux.stateless(_double, name="two words")

@@ -12,7 +12,7 @@ import optax.contrib
 import pytest
 
 import updax as ux
-from updax.updates._factored import (
+from updax.updates import (
     clip_by_block_rms,
     scale_by_factored_rms,
     scale_by_muon,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import updax as ux
-from updax import _core
-from updax.updates import _scaling
+from updax import _fused
+from updax.updates import _fused_lamb
 
 
 def one_by_one(opt, grads, state, params):
@@ -32,9 +32,9 @@ def tree(rng, dtype=jnp.float32, big=False):
 
     out = {"dense": {"w": arr(6, 5), "b": arr(5)}, "seq": [arr(7), (arr(2, 3), None)], "s": arr(), "empty": {},
            # enough leaves of one shape for their updates to be recomputed rather than kept
-           "layers": [{"w": arr(4, 3), "b": arr(3)} for _ in range(_scaling._RECOMPUTE_MIN_SHARED)]}
+           "layers": [{"w": arr(4, 3), "b": arr(3)} for _ in range(_fused_lamb.RECOMPUTE_MIN_SHARED)]}
     if big:  # above the size up to which the update is recomputed
-        out["big"] = arr(_scaling._RECOMPUTE_MAX_SIZE + 8)
+        out["big"] = arr(_fused_lamb.RECOMPUTE_MAX_SIZE + 8)
     return out
 
 
@@ -52,10 +52,10 @@ def test_every_registered_path_is_covered_here():
     for make in CASES.values():
         stages = make().stages
         for i in range(len(stages)):
-            run, width = _core._fused_path(stages[i:], params={})
+            run, width = _fused.find(stages[i:], params={})
             if run is not None:
-                covered.add(tuple(stage.apply_fn for stage in stages[i:i + width]))
-    assert covered == {kernels for kernels, _ in _core._FUSED_PATHS}
+                covered.add(tuple(stage.name for stage in stages[i:i + width]))
+    assert covered == set(_fused.registered())
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -111,7 +111,7 @@ def test_lamb_step_stores_no_update_per_layer():
         return compiled.memory_analysis().temp_size_in_bytes
 
     layer_bytes = (2 * 128 * 256 + 128) * 4
-    layers = (_scaling._RECOMPUTE_MIN_SHARED, _scaling._RECOMPUTE_MIN_SHARED + 8)
+    layers = (_fused_lamb.RECOMPUTE_MIN_SHARED, _fused_lamb.RECOMPUTE_MIN_SHARED + 8)
     unfused = [temp_bytes(n, lambda g, s, p: one_by_one(opt, g, s, p)) for n in layers]
     fused = [temp_bytes(n, opt.update) for n in layers]
     assert unfused[1] - unfused[0] >= 8 * layer_bytes
@@ -121,10 +121,10 @@ def test_lamb_step_stores_no_update_per_layer():
 def test_with_few_leaves_per_shape_it_is_the_ordinary_computation():
     """Unique shapes (as in a model of many different layers): recomputing would cost more than it saves."""
     opt = ux.optimizers.lamb(1e-3, decay=1e-4)
-    params = {f"l{i}": jnp.ones((3, 4 + i)) for i in range(_scaling._RECOMPUTE_MIN_SHARED)}
+    params = {f"l{i}": jnp.ones((3, 4 + i)) for i in range(_fused_lamb.RECOMPUTE_MIN_SHARED)}
     state = opt.init(params)
     fused = jax.make_jaxpr(opt.update)(params, state, params)
     ordinary = jax.make_jaxpr(lambda g, s, p: one_by_one(opt, g, s, p))(params, state, params)
     assert str(fused) == str(ordinary)
-    layers = [jnp.ones(3)] * _scaling._RECOMPUTE_MIN_SHARED  # one shape, enough leaves: recomputed
+    layers = [jnp.ones(3)] * _fused_lamb.RECOMPUTE_MIN_SHARED  # one shape, enough leaves: recomputed
     assert "optimization_barrier" in str(jax.make_jaxpr(opt.update)(layers, opt.init(layers), layers))

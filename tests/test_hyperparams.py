@@ -21,7 +21,7 @@ def _b1_ramp(count):
 
 def test_a_schedule_drives_the_step_size_and_the_value_used_is_readable():
     opt = ux.scale(_decaying)
-    assert repr(opt) == "scale(step_size=_decaying)"
+    assert repr(opt) == "scale(step_size=test_hyperparams._decaying)"
     g = {"w": jnp.ones(2)}
     state = opt.init(g)
     assert isinstance(state[0], ux.ScheduledState)

@@ -12,7 +12,7 @@ import pytest
 
 import updax as ux
 from registry import nested_tree
-from updax._modern_optimizers import _muon_groups
+from updax.optimizers._orthogonal import _muon_groups
 
 O = ux.optimizers
 
@@ -113,33 +113,33 @@ PARITY = [
     ("yogi", lambda: O.yogi(0.05, initial_accumulator_value=1e-6, b1=0.8, b2=0.99, eps=1e-3, eps_root=0.0),
      lambda: optax.yogi(0.05, b1=0.8, b2=0.99, eps=1e-3)),
     # the modern set
-    ("lion", lambda: O.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.01),
+    ("lion", lambda: O.lion(0.01, b1=0.8, b2=0.95, decay=0.01),
      lambda: optax.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.01)),
     ("adamax", lambda: O.adamax(0.05, b1=0.8, b2=0.95, eps=1e-7), lambda: optax.adamax(0.05, b1=0.8, b2=0.95, eps=1e-7)),
-    ("adamaxw", lambda: O.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01),
+    ("adamaxw", lambda: O.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, decay=0.01),
      lambda: optax.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("amsgrad", lambda: O.amsgrad(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0),
      lambda: optax.amsgrad(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0)),
     ("nadam", lambda: O.nadam(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0),
      lambda: optax.nadam(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0)),
-    ("nadamw", lambda: O.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, weight_decay=0.01),
+    ("nadamw", lambda: O.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, decay=0.01),
      lambda: optax.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, weight_decay=0.01)),
-    ("novograd", lambda: O.novograd(0.05, b1=0.8, b2=0.3, eps=1e-6, eps_root=0.0, weight_decay=0.01),
+    ("novograd", lambda: O.novograd(0.05, b1=0.8, b2=0.3, eps=1e-6, eps_root=0.0, decay=0.01),
      lambda: optax.novograd(0.05, b1=0.8, b2=0.3, eps=1e-6, eps_root=0.0, weight_decay=0.01)),
-    ("adadelta", lambda: O.adadelta(0.5, rho=0.8, eps=1e-5, weight_decay=0.01),
+    ("adadelta", lambda: O.adadelta(0.5, rho=0.8, eps=1e-5, decay=0.01),
      lambda: optax.adadelta(0.5, rho=0.8, eps=1e-5, weight_decay=0.01)),
     ("sign_sgd", lambda: O.sign_sgd(0.05), lambda: optax.sign_sgd(0.05)),
     ("signum", lambda: O.signum(0.05, momentum=0.8), lambda: optax.signum(0.05, beta=0.8)),
     # b2 = 0.5: optax 0.2.8's Adan weights the gradient difference by 1 - b2 where the paper has b2 (see
     # tests/test_adaptive.py); they agree only there.
-    ("adan", lambda: O.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, weight_decay=0.01),
+    ("adan", lambda: O.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, decay=0.01),
      lambda: optax.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, weight_decay=0.01)),
-    ("lars", lambda: O.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True),
+    ("lars", lambda: O.lars(0.05, decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True),
      lambda: optax.lars(0.05, weight_decay=0.01, trust_coefficient=0.01, eps=1e-6, momentum=0.8, nesterov=True)),
     ("fromage", lambda: O.fromage(0.05, min_norm=1e-5), lambda: optax.fromage(0.05, min_norm=1e-5)),
     ("adafactor", lambda: O.adafactor(0.05, min_dim_size_to_factor=2, decay_rate=0.8, decay_offset=0,
                                       multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=0.9,
-                                      weight_decay_rate=0.01, eps=1e-30, factored=True),
+                                      decay=0.01, eps=1e-30, factored=True),
      lambda: optax.adafactor(0.05, min_dim_size_to_factor=2, decay_rate=0.8, decay_offset=0,
                              multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=0.9,
                              weight_decay_rate=0.01, eps=1e-30, factored=True)),
@@ -147,13 +147,13 @@ PARITY = [
                                                  factored=False),
      lambda: optax.adafactor(0.05, clipping_threshold=None, multiply_by_parameter_scale=False, factored=False)),
     ("sm3", lambda: O.sm3(0.05, momentum=0.8), lambda: optax.sm3(0.05, momentum=0.8)),
-    ("muon", lambda: O.muon(0.02, beta=0.9, eps=1e-7, weight_decay=0.01, adam_b1=0.8, adam_b2=0.95,
-                            adam_weight_decay=0.02),
+    ("muon", lambda: O.muon(0.02, beta=0.9, eps=1e-7, decay=0.01, adam_b1=0.8, adam_b2=0.95,
+                            adam_decay=0.02),
      lambda: optax.contrib.muon(0.02, beta=0.9, eps=1e-7, weight_decay=0.01, adam_b1=0.8, adam_b2=0.95,
                                 adam_weight_decay=0.02)),
     ("muon_without_nesterov", lambda: O.muon(0.02, nesterov=False, adam_learning_rate=0.01),
      lambda: optax.contrib.muon(0.02, nesterov=False, adam_learning_rate=0.01)),
-    ("schedule_free_adamw", lambda: O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01),
+    ("schedule_free_adamw", lambda: O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, decay=0.01),
      lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),
      lambda: optax.contrib.schedule_free(optax.sgd(0.05), 0.05, b1=0.7, weight_lr_power=1.0)),
@@ -259,7 +259,7 @@ def test_adafactor_defaults_to_the_papers_relative_step():
 
 
 def test_schedule_free_eval_params_match_optax():
-    opt = O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)
+    opt = O.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, decay=0.01)
     ref = optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)
     p1 = p2 = nested_tree(seed=0)
     s1, s2 = opt.init(p1), ref.init(p2)

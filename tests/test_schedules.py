@@ -348,7 +348,7 @@ def test_repr_is_the_call():
     assert repr(uxs.exponential_decay(1)) == (
         "exponential_decay(init_value=1.0, decay_rate=0.95, transition_steps=10, transition_begin=0, staircase=False)")
     assert repr(uxs.join_schedules([uxs.constant(0.1), _plain_halving], [10])) == (
-        "join_schedules(schedules=(constant(init_value=0.1), _plain_halving), boundaries=(10,))")
+        "join_schedules(schedules=(constant(init_value=0.1), test_schedules._plain_halving), boundaries=(10,))")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "join_schedules_with_a_function"])

@@ -6,7 +6,8 @@ scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> clip_by_global_nor
 """
 
 from updax import optimizers, schedules, updates
-from updax._core import EmptyState, ScheduledState, Stage, Update
+from updax._stage import EmptyState, ScheduledState, Stage
+from updax._update import Update
 from updax.updates import *  # noqa: F403  (the catalogue is also reachable as updax.<name>)
 from updax.updates import __all__ as _catalogue
 

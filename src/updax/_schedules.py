@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import numbers
 
 import jax
 import jax.numpy as jnp
 
 from updax import _validate as check
-from updax._core import _format, _hashable
+from updax._options import format_value, key_of
 
 __all__ = [
     "Schedule",
@@ -103,7 +102,7 @@ class Schedule:
 
     def _key(self):
         leaves, treedef = jax.tree.flatten(self)
-        return treedef, tuple(_hashable(leaf) for leaf in leaves)
+        return treedef, tuple(key_of(leaf) for leaf in leaves)
 
     def __eq__(self, other):
         return type(other) is type(self) and self._key() == other._key()
@@ -115,7 +114,7 @@ class Schedule:
         return _restore, (type(self), self._values())
 
     def __repr__(self):
-        shown = ", ".join(f"{k}={_format(v)}" for k, v in zip(self._fields, self._values()) if v is not None)
+        shown = ", ".join(f"{k}={format_value(v)}" for k, v in zip(self._fields, self._values()) if v is not None)
         return f"{type(self).__name__}({shown})"
 
 
@@ -154,44 +153,7 @@ class _Function(Schedule):
         return self.fn(count)
 
     def __repr__(self):
-        return _format(self.fn)
-
-
-# --------------------------------------------------------------------------
-# Validation helpers not in _validate
-
-
-def _number(call, name, value, lo=None, hi=None, **kwargs):
-    """``check.real``, but a schedule's own options are numbers, never schedules."""
-    if callable(value):
-        check._fail(call, name, value, "must be a real number", TypeError)
-    return check.real(call, name, value, lo, hi, **kwargs)
-
-
-def _positive(call, name, value):
-    return _number(call, name, value, 0.0, lo_open=True)
-
-
-def _nonnegative(call, name, value):
-    return _number(call, name, value, 0.0)
-
-
-def _nonnegative_int(call, name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        check._fail(call, name, value, "must be a non-negative integer", TypeError)
-    if value < 0:
-        check._fail(call, name, value, "must be a non-negative integer")
-    return int(value)
-
-
-def _boundaries(call, name, mapping, value_check):
-    """A dict ``{step: number}`` with non-negative integer steps, sorted by step."""
-    if not isinstance(mapping, dict):
-        check._fail(call, name, mapping, "must be a dict {step: value}", TypeError)
-    for step in mapping:
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            check._fail(call, name, mapping, f"must have non-negative integer steps as keys, got {step!r}")
-    return {int(step): value_check(call, f"{name}[{step}]", mapping[step]) for step in sorted(mapping)}
+        return format_value(self.fn)
 
 
 # --------------------------------------------------------------------------
@@ -271,7 +233,7 @@ class constant(Schedule):
     """
 
     def __init__(self, init_value):
-        self._set(init_value=_number("constant", "init_value", init_value))
+        self._set(init_value=check.number("constant", "init_value", init_value))
 
     def __call__(self, count):
         return jnp.broadcast_to(_real(self.init_value), jnp.shape(count))
@@ -320,12 +282,12 @@ class exponential_decay(Schedule):
     def __init__(self, init_value, *, decay_rate=0.95, transition_steps=10, transition_begin=0,
                  staircase=False, end_value=None):
         call = "exponential_decay"
-        self._set(init_value=_number(call, "init_value", init_value),
-                  decay_rate=_positive(call, "decay_rate", decay_rate),
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  decay_rate=check.number(call, "decay_rate", decay_rate, 0.0, lo_open=True),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
+                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin),
                   staircase=check.flag(call, "staircase", staircase),
-                  end_value=None if end_value is None else _number(call, "end_value", end_value))
+                  end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
     def __call__(self, count):
         end = None if self.end_value is None else _real(self.end_value)
@@ -366,9 +328,9 @@ class cosine_decay(Schedule):
 
     def __init__(self, init_value, *, decay_steps=10, alpha=0.0):
         call = "cosine_decay"
-        self._set(init_value=_number(call, "init_value", init_value),
+        self._set(init_value=check.number(call, "init_value", init_value),
                   decay_steps=check.positive_int(call, "decay_steps", decay_steps),
-                  alpha=_number(call, "alpha", alpha, 0.0, 1.0))
+                  alpha=check.number(call, "alpha", alpha, 0.0, 1.0))
 
     def __call__(self, count):
         return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha))
@@ -407,11 +369,11 @@ class polynomial_decay(Schedule):
 
     def __init__(self, init_value, *, end_value=1e-3, power=2.0, transition_steps=10, transition_begin=0):
         call = "polynomial_decay"
-        self._set(init_value=_number(call, "init_value", init_value),
-                  end_value=_number(call, "end_value", end_value),
-                  power=_positive(call, "power", power),
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  end_value=check.number(call, "end_value", end_value),
+                  power=check.number(call, "power", power, 0.0, lo_open=True),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin))
+                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin))
 
     def __call__(self, count):
         return _polynomial(_real(count), _real(self.init_value), _real(self.end_value), _real(self.power),
@@ -454,10 +416,10 @@ class linear_decay(Schedule):
     def __init__(self, init_value, *, warmup=0, steps=1000):
         call = "linear_decay"
         steps = check.positive_int(call, "steps", steps)
-        warmup = _nonnegative_int(call, "warmup", warmup)
+        warmup = check.nonnegative_int(call, "warmup", warmup)
         if warmup > steps:
-            check._fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
-        self._set(init_value=_number(call, "init_value", init_value), warmup=warmup, steps=steps)
+            check.fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
+        self._set(init_value=check.number(call, "init_value", init_value), warmup=warmup, steps=steps)
 
     def __call__(self, count):
         t, warmup, steps = _real(count), _real(self.warmup), _real(self.steps)
@@ -504,9 +466,9 @@ class piecewise_constant(Schedule):
 
     def __init__(self, init_value, boundaries_and_values):
         call = "piecewise_constant"
-        self._set(init_value=_number(call, "init_value", init_value),
-                  boundaries_and_values=_boundaries(call, "boundaries_and_values", boundaries_and_values,
-                                                    _number))
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  boundaries_and_values=check.boundaries(call, "boundaries_and_values", boundaries_and_values,
+                                                    check.number))
 
     def __call__(self, count):
         t = _real(count)
@@ -553,11 +515,11 @@ class piecewise_interpolate(Schedule):
     def __init__(self, interpolate_type, init_value, boundaries_and_scales=None):
         call = "piecewise_interpolate"
         if interpolate_type not in ("linear", "cosine"):
-            check._fail(call, "interpolate_type", interpolate_type, "must be 'linear' or 'cosine'")
-        self._set(interpolate_type=interpolate_type, init_value=_number(call, "init_value", init_value),
-                  boundaries_and_scales=_boundaries(call, "boundaries_and_scales",
+            check.fail(call, "interpolate_type", interpolate_type, "must be 'linear' or 'cosine'")
+        self._set(interpolate_type=interpolate_type, init_value=check.number(call, "init_value", init_value),
+                  boundaries_and_scales=check.boundaries(call, "boundaries_and_scales",
                                                     {} if boundaries_and_scales is None else boundaries_and_scales,
-                                                    _nonnegative))
+                                                    functools.partial(check.number, lo=0.0)))
 
     def __call__(self, count):
         steps, scales = zip(*sorted(self.boundaries_and_scales.items())) if self.boundaries_and_scales else ((), ())
@@ -607,12 +569,12 @@ class linear_onecycle(Schedule):
     def __init__(self, transition_steps, peak_value, pct_start=0.3, pct_final=0.85, div_factor=25.0,
                  final_div_factor=1e4):
         call = "linear_onecycle"
-        pct_start = float(_number(call, "pct_start", pct_start, 0.0, 1.0))
+        pct_start = float(check.number(call, "pct_start", pct_start, 0.0, 1.0))
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  peak_value=_number(call, "peak_value", peak_value), pct_start=pct_start,
-                  pct_final=float(_number(call, "pct_final", pct_final, pct_start, 1.0)),
-                  div_factor=_positive(call, "div_factor", div_factor),
-                  final_div_factor=_positive(call, "final_div_factor", final_div_factor))
+                  peak_value=check.number(call, "peak_value", peak_value), pct_start=pct_start,
+                  pct_final=float(check.number(call, "pct_final", pct_final, pct_start, 1.0)),
+                  div_factor=check.number(call, "div_factor", div_factor, 0.0, lo_open=True),
+                  final_div_factor=check.number(call, "final_div_factor", final_div_factor, 0.0, lo_open=True))
 
     def __call__(self, count):
         steps = self.transition_steps
@@ -659,10 +621,10 @@ class cosine_onecycle(Schedule):
     def __init__(self, transition_steps, peak_value, pct_start=0.3, div_factor=25.0, final_div_factor=1e4):
         call = "cosine_onecycle"
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  peak_value=_number(call, "peak_value", peak_value),
-                  pct_start=float(_number(call, "pct_start", pct_start, 0.0, 1.0)),
-                  div_factor=_positive(call, "div_factor", div_factor),
-                  final_div_factor=_positive(call, "final_div_factor", final_div_factor))
+                  peak_value=check.number(call, "peak_value", peak_value),
+                  pct_start=float(check.number(call, "pct_start", pct_start, 0.0, 1.0)),
+                  div_factor=check.number(call, "div_factor", div_factor, 0.0, lo_open=True),
+                  final_div_factor=check.number(call, "final_div_factor", final_div_factor, 0.0, lo_open=True))
 
     def __call__(self, count):
         steps = self.transition_steps
@@ -715,14 +677,14 @@ class warmup_cosine_decay(Schedule):
 
     def __init__(self, init_value, peak_value, warmup_steps, decay_steps, end_value=0.0, exponent=1.0):
         call = "warmup_cosine_decay"
-        warmup_steps = _nonnegative_int(call, "warmup_steps", warmup_steps)
+        warmup_steps = check.nonnegative_int(call, "warmup_steps", warmup_steps)
         decay_steps = check.positive_int(call, "decay_steps", decay_steps)
         if decay_steps <= warmup_steps:
-            check._fail(call, "decay_steps", decay_steps, f"must be greater than warmup_steps={warmup_steps}")
-        self._set(init_value=_number(call, "init_value", init_value),
-                  peak_value=_number(call, "peak_value", peak_value), warmup_steps=warmup_steps,
-                  decay_steps=decay_steps, end_value=_number(call, "end_value", end_value),
-                  exponent=_positive(call, "exponent", exponent))
+            check.fail(call, "decay_steps", decay_steps, f"must be greater than warmup_steps={warmup_steps}")
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  peak_value=check.number(call, "peak_value", peak_value), warmup_steps=warmup_steps,
+                  decay_steps=decay_steps, end_value=check.number(call, "end_value", end_value),
+                  exponent=check.number(call, "exponent", exponent, 0.0, lo_open=True))
 
     def __call__(self, count):
         t, peak, end, warmup = _real(count), _real(self.peak_value), _real(self.end_value), _real(self.warmup_steps)
@@ -776,14 +738,14 @@ class warmup_exponential_decay(Schedule):
     def __init__(self, init_value, peak_value, warmup_steps, transition_steps, decay_rate, transition_begin=0,
                  staircase=False, end_value=None):
         call = "warmup_exponential_decay"
-        self._set(init_value=_number(call, "init_value", init_value),
-                  peak_value=_number(call, "peak_value", peak_value),
-                  warmup_steps=_nonnegative_int(call, "warmup_steps", warmup_steps),
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  peak_value=check.number(call, "peak_value", peak_value),
+                  warmup_steps=check.nonnegative_int(call, "warmup_steps", warmup_steps),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  decay_rate=_positive(call, "decay_rate", decay_rate),
-                  transition_begin=_nonnegative_int(call, "transition_begin", transition_begin),
+                  decay_rate=check.number(call, "decay_rate", decay_rate, 0.0, lo_open=True),
+                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin),
                   staircase=check.flag(call, "staircase", staircase),
-                  end_value=None if end_value is None else _number(call, "end_value", end_value))
+                  end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
     def __call__(self, count):
         t, peak, warmup = _real(count), _real(self.peak_value), _real(self.warmup_steps)
@@ -826,23 +788,23 @@ class join_schedules(Schedule):
         try:
             schedules, boundaries = tuple(schedules), tuple(boundaries)
         except TypeError:
-            check._fail(call, "schedules", schedules, "and boundaries must be sequences", TypeError)
+            check.fail(call, "schedules", schedules, "and boundaries must be sequences", TypeError)
         if not schedules:
-            check._fail(call, "schedules", schedules, "must hold at least one schedule")
+            check.fail(call, "schedules", schedules, "must hold at least one schedule")
         for fn in schedules:
             if not callable(fn):
-                check._fail(call, "schedules", schedules, f"must hold callables, got {fn!r}", TypeError)
+                check.fail(call, "schedules", schedules, f"must hold callables, got {fn!r}", TypeError)
             if not isinstance(fn, Schedule):
                 try:
                     hash(fn)
                 except TypeError:
-                    check._fail(call, "schedules", schedules, f"must hold hashable functions, got {fn!r}", TypeError)
+                    check.fail(call, "schedules", schedules, f"must hold hashable functions, got {fn!r}", TypeError)
         if len(boundaries) != len(schedules) - 1:
-            check._fail(call, "boundaries", boundaries,
+            check.fail(call, "boundaries", boundaries,
                         f"must hold len(schedules) - 1 = {len(schedules) - 1} steps")
-        boundaries = tuple(_nonnegative_int(call, "boundaries", b) for b in boundaries)
+        boundaries = tuple(check.nonnegative_int(call, "boundaries", b) for b in boundaries)
         if list(boundaries) != sorted(boundaries):
-            check._fail(call, "boundaries", boundaries, "must be non-decreasing")
+            check.fail(call, "boundaries", boundaries, "must be non-decreasing")
         self._set(schedules=tuple(fn if isinstance(fn, Schedule) else _Function(fn) for fn in schedules),
                   boundaries=boundaries)
 
@@ -888,10 +850,10 @@ class sgdr(Schedule):
         call = "sgdr"
         cycles = tuple(cosine_kwargs) if isinstance(cosine_kwargs, (list, tuple)) else ()
         if not cycles:
-            check._fail(call, "cosine_kwargs", cosine_kwargs, "must be a non-empty list of cycles")
+            check.fail(call, "cosine_kwargs", cosine_kwargs, "must be a non-empty list of cycles")
         for cycle in cycles:
             if not isinstance(cycle, (dict, warmup_cosine_decay)):
-                check._fail(call, "cosine_kwargs", cosine_kwargs,
+                check.fail(call, "cosine_kwargs", cosine_kwargs,
                             "must hold dicts of warmup_cosine_decay options or warmup_cosine_decay objects",
                             TypeError)
         self._set(cosine_kwargs=tuple(c if isinstance(c, warmup_cosine_decay) else warmup_cosine_decay(**c)
@@ -931,7 +893,7 @@ class relative_step(Schedule):
     """
 
     def __init__(self, max_value=0.01):
-        self._set(max_value=_number("relative_step", "max_value", max_value, 0.0, lo_open=True))
+        self._set(max_value=check.number("relative_step", "max_value", max_value, 0.0, lo_open=True))
 
     def __call__(self, count):
         return jnp.minimum(_real(self.max_value), jax.lax.rsqrt(_real(count) + 1.0))

@@ -1,8 +1,12 @@
-"""Build-time checks of hyperparameters.
+"""Build-time checks of hyperparameters, for the catalogue, the optimizers and the schedules.
 
 Every message names the call, the option and the value, e.g.
 ``scale_by_adam(b1=1.5): b1 must be in [0, 1)``. Values that are JAX tracers
 (an update object built inside ``jax.jit``) cannot be inspected and pass.
+
+:func:`real` and the checks built on it accept a schedule (a callable
+``count -> value``) for the options a stage declares ``schedulable``;
+:func:`number` accepts numbers only.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _fail(call, name, value, what, exc=ValueError):
+def fail(call, name, value, what, exc=ValueError):
     raise exc(f"{call}({name}={value!r}): {name} {what}")
 
 
@@ -28,34 +32,40 @@ def _interval(lo, hi, lo_open, hi_open):
 
 
 def real(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
-    """A real scalar hyperparameter in an interval; Python ints become floats.
+    """A real scalar hyperparameter in an interval, or a schedule for it; Python ints become floats.
 
     JAX/NumPy scalars are kept as given (they may carry a chosen dtype). A
-    callable is a schedule ``count -> value``: it is kept, and its values
-    cannot be checked here.
+    callable is a schedule ``count -> value`` (the stage must declare the
+    option ``schedulable``): it is kept, and its values cannot be checked
+    here. A class is not a schedule.
     """
-    if isinstance(value, bool) or value is None:
-        _fail(call, name, value, "must be a real number", TypeError)
-    if callable(value) and not isinstance(value, (jax.Array, np.ndarray, np.generic)):
+    if callable(value) and not isinstance(value, (jax.Array, np.ndarray, np.generic, type)):
         return value  # a schedule count -> value, evaluated by the stage at each step
+    return number(call, name, value, lo, hi, lo_open=lo_open, hi_open=hi_open)
+
+
+def number(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """A real scalar in an interval, never a schedule; Python ints become floats (see :func:`real`)."""
+    if isinstance(value, bool) or value is None:
+        fail(call, name, value, "must be a real number", TypeError)
     if isinstance(value, numbers.Real):
         concrete = float(value)
         value = concrete if isinstance(value, int) else value
     elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
         if jnp.ndim(value) != 0 or not jnp.issubdtype(jnp.result_type(value), jnp.number):
-            _fail(call, name, value, "must be a real scalar", TypeError)
+            fail(call, name, value, "must be a real scalar", TypeError)
         if isinstance(value, jax.core.Tracer):
             return value
         concrete = float(value)
     else:
-        _fail(call, name, value, "must be a real number", TypeError)
+        fail(call, name, value, "must be a real number", TypeError)
     bad = math.isnan(concrete)
     if lo is not None:
         bad |= concrete <= lo if lo_open else concrete < lo
     if hi is not None:
         bad |= concrete >= hi if hi_open else concrete > hi
     if bad:
-        _fail(call, name, value, f"must be in {_interval(lo, hi, lo_open, hi_open)}")
+        fail(call, name, value, f"must be in {_interval(lo, hi, lo_open, hi_open)}")
     return value
 
 
@@ -74,30 +84,49 @@ def positive(call, name, value):
 
 def positive_int(call, name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        _fail(call, name, value, "must be a positive integer", TypeError)
+        fail(call, name, value, "must be a positive integer", TypeError)
     if value < 1:
-        _fail(call, name, value, "must be a positive integer")
+        fail(call, name, value, "must be a positive integer")
     return int(value)
 
 
 def integer(call, name, value, low=0):
     """A Python integer >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        _fail(call, name, value, f"must be an integer >= {low}", TypeError)
+        fail(call, name, value, f"must be an integer >= {low}", TypeError)
     if value < low:
-        _fail(call, name, value, f"must be an integer >= {low}")
+        fail(call, name, value, f"must be an integer >= {low}")
     return int(value)
+
+
+def nonnegative_int(call, name, value):
+    """A Python integer >= 0 (a step count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        fail(call, name, value, "must be a non-negative integer", TypeError)
+    if value < 0:
+        fail(call, name, value, "must be a non-negative integer")
+    return int(value)
+
+
+def boundaries(call, name, mapping, value_check):
+    """A dict ``{step: value}`` with non-negative integer steps, sorted by step; each value through ``value_check``."""
+    if not isinstance(mapping, dict):
+        fail(call, name, mapping, "must be a dict {step: value}", TypeError)
+    for step in mapping:
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            fail(call, name, mapping, f"must have non-negative integer steps as keys, got {step!r}")
+    return {int(step): value_check(call, f"{name}[{step}]", mapping[step]) for step in sorted(mapping)}
 
 
 def flag(call, name, value):
     if not isinstance(value, bool):
-        _fail(call, name, value, "must be True or False", TypeError)
+        fail(call, name, value, "must be True or False", TypeError)
     return value
 
 
 def function(call, name, value):
     if not callable(value):
-        _fail(call, name, value, "must be callable", TypeError)
+        fail(call, name, value, "must be callable", TypeError)
     return value
 
 
@@ -108,7 +137,7 @@ def float_dtype(call, name, value):
     try:
         dtype = jnp.dtype(value)
     except TypeError:
-        _fail(call, name, value, "must be None or a floating dtype", TypeError)
+        fail(call, name, value, "must be None or a floating dtype", TypeError)
     if not jnp.issubdtype(dtype, jnp.floating):
-        _fail(call, name, value, "must be None or a floating dtype", TypeError)
+        fail(call, name, value, "must be None or a floating dtype", TypeError)
     return dtype.name

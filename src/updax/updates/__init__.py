@@ -6,25 +6,19 @@ optional leading parent (``scale(parent, 0.1)``) and is also a fluent method
 of every update object (``parent.scale(0.1)``).
 """
 
-from updax._core import (
-    apply_updates,
-    combinator,
-    compose,
-    identity,
-    stateful,
-    stateless,
-)
+from updax._combinators import combinator
+from updax._primitives import apply_updates, compose, identity, stateful, stateless
+from updax.updates import _fused_lamb  # noqa: F401  (registers the fused LAMB path)
 from updax.updates._accumulation import accumulate_gradients, has_updated, trace
-from updax.updates._adaptive import (
-    scale_by_adadelta,
+from updax.updates._adam import (
+    scale_by_adam,
     scale_by_adamax,
     scale_by_adan,
     scale_by_amsgrad,
-    scale_by_lion,
+    scale_by_belief,
     scale_by_nadam,
-    scale_by_novograd,
-    scale_by_rprop,
-    scale_by_sign,
+    scale_by_radam,
+    scale_by_yogi,
 )
 from updax.updates._averaging import (
     averaged_params,
@@ -34,33 +28,22 @@ from updax.updates._averaging import (
     swa,
 )
 from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
-from updax.updates._factored import (
-    clip_by_block_rms,
-    scale_by_factored_rms,
-    scale_by_muon,
-    scale_by_newton_schulz,
-    scale_by_param_block_rms,
-    scale_by_shape,
-    scale_by_sm3,
-)
-from updax.updates._learning_rate import reduce_on_plateau, scale_by_learning_rate
+from updax.updates._factored import clip_by_block_rms, scale_by_factored_rms, scale_by_param_block_rms, scale_by_sm3
+from updax.updates._layerwise import scale_by_novograd, scale_by_trust_ratio
 from updax.updates._masking import freeze, masked, partition
 from updax.updates._moving_averages import ema, sma, weighted_moving_average
 from updax.updates._noise_decay import add_decayed_weights, add_noise
-from updax.updates._scaling import (
+from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_shape
+from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
+from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
+from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
+from updax.updates._step_size import (
+    reduce_on_plateau,
     scale,
-    scale_by_adam,
-    scale_by_belief,
-    scale_by_radam,
-    scale_by_rms,
-    scale_by_rss,
+    scale_by_learning_rate,
     scale_by_schedule,
     scale_by_state,
-    scale_by_stddev,
-    scale_by_trust_ratio,
-    scale_by_yogi,
 )
-from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
 
 __all__ = [
     "accumulate_gradients",

@@ -9,7 +9,10 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import Update, combinator, stateful
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._update import Update
+from updax.updates._kernels import per_leaf
 
 
 class TraceState(NamedTuple):
@@ -23,14 +26,11 @@ def _init_trace(params, *, accumulator_dtype):
 
 
 def _apply_trace(updates, state, params, *, decay, nesterov):
-    def leaf(g, t0):
-        c = _tree.compute_dtype(g.dtype, t0.dtype)
-        g32 = g.astype(c)
-        t = decay * t0.astype(c) + g32
-        u = decay * t + g32 if nesterov else t
-        return u.astype(g.dtype), t.astype(t0.dtype)
+    def leaf(g, t):
+        t = decay * t + g
+        return (decay * t + g if nesterov else t), t
 
-    u, trace_ = _tree.tree_map_unzip("trace", leaf, 2, updates, state.trace, names=("updates", "state.trace"))
+    u, trace_ = per_leaf("trace", leaf, (updates, state.trace), ("updates", "state.trace"))
     return u, TraceState(trace=trace_)
 
 
@@ -71,7 +71,7 @@ def trace(decay=0.9, nesterov=False, *, accumulator_dtype=None):
     options = dict(decay=check.real("trace", "decay", decay, 0.0, 1.0),
                    nesterov=check.flag("trace", "nesterov", nesterov),
                    accumulator_dtype=check.float_dtype("trace", "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_trace, _apply_trace, name="trace", options=options)
+    return stateful(_init_trace, _apply_trace, name="trace", options=options, schedulable=("decay",))
 
 
 class AccumulateGradientsState(NamedTuple):
@@ -194,7 +194,7 @@ def accumulate_gradients(inner: Update, steps, *, mean=True, should_skip=None):
         check.function(call, "should_skip", should_skip)
     options = dict(inner=inner, steps=steps, mean=check.flag(call, "mean", mean), should_skip=should_skip)
     return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name=call, options=options,
-                    wraps="inner", callables=("steps", "should_skip"))
+                    wraps="inner")
 
 
 def has_updated(state) -> jax.Array:

@@ -9,8 +9,10 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import Update, apply_updates, combinator, stateful
-from updax.updates._moving_averages import _blend, _start, _warmed_up
+from updax._combinators import combinator
+from updax._primitives import apply_updates, stateful
+from updax._update import Update
+from updax.updates._kernels import blend, filled, warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
@@ -94,7 +96,7 @@ def schedule_free(inner: Update, learning_rate, b1=0.9, weight_lr_power=2.0, *, 
                    weight_lr_power=check.real(call, "weight_lr_power", weight_lr_power),
                    state_dtype=check.float_dtype(call, "state_dtype", state_dtype))
     return stateful(_init_schedule_free, _apply_schedule_free, name=call, options=options, wraps="inner",
-                    needs_params=True)
+                    needs_params=True, schedulable=("learning_rate", "b1", "weight_lr_power"))
 
 
 def schedule_free_eval_params(opt: Update, state, params):
@@ -128,7 +130,7 @@ def schedule_free_eval_params(opt: Update, state, params):
 def _mix(average, params, updates, keep):
     """``keep·average + (1 - keep)·p'`` for the params ``p'`` after this step (as apply_updates makes them)."""
     new = apply_updates(params, updates)
-    return _tree.tree_map("the params average", lambda a, p: _blend(a, p, keep, 1.0 - keep), average, new,
+    return _tree.tree_map("the params average", lambda a, p: blend(a, p, keep, 1.0 - keep), average, new,
                           names=("state.average", "params"))
 
 
@@ -140,11 +142,11 @@ class EmaParamsState(NamedTuple):
 
 
 def _init_ema_params(params, *, accumulator_dtype):
-    return EmaParamsState(count=_tree.zero_count(), average=_start(params, params, accumulator_dtype, "ema_params"))
+    return EmaParamsState(count=_tree.zero_count(), average=filled("ema_params", params, params, accumulator_dtype))
 
 
 def _apply_ema_params(updates, state, params, *, decay, decay_min):
-    average = _mix(state.average, params, updates, _warmed_up(decay, state.count, decay_min))
+    average = _mix(state.average, params, updates, warmed_up(decay, state.count, decay_min))
     return updates, EmaParamsState(count=_tree.safe_increment(state.count), average=average)
 
 
@@ -193,7 +195,8 @@ def ema_params(decay=0.999, *, decay_min=False, accumulator_dtype=None):
     options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
                    decay_min=check.flag(call, "decay_min", decay_min),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_ema_params, _apply_ema_params, name=call, options=options, needs_params=True)
+    return stateful(_init_ema_params, _apply_ema_params, name=call, options=options, needs_params=True,
+                    schedulable=("decay",))
 
 
 class SwaState(NamedTuple):
@@ -206,7 +209,7 @@ class SwaState(NamedTuple):
 
 def _init_swa(params, *, accumulator_dtype):
     return SwaState(count=_tree.zero_count(), snapshots=_tree.zero_count(),
-                    average=_start(params, params, accumulator_dtype, "swa"))
+                    average=filled("swa", params, params, accumulator_dtype))
 
 
 def _apply_swa(updates, state, params, *, start, period):

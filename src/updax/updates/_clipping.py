@@ -7,7 +7,8 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateless
+from updax._combinators import combinator
+from updax._primitives import stateless
 
 
 def _apply_clip(updates, params, *, delta):
@@ -36,7 +37,8 @@ def clip(delta=2.0):
     References:
         Axon.Updates.clip.
     """
-    return stateless(_apply_clip, name="clip", options=dict(delta=check.nonnegative("clip", "delta", delta)))
+    return stateless(_apply_clip, name="clip", options=dict(delta=check.nonnegative("clip", "delta", delta)),
+                     schedulable=("delta",))
 
 
 def global_norm(updates):
@@ -83,7 +85,8 @@ def clip_by_global_norm(max_norm=1.0):
         networks", ICML 2013. https://arxiv.org/abs/1211.5063
     """
     max_norm = check.positive("clip_by_global_norm", "max_norm", max_norm)
-    return stateless(_apply_clip_by_global_norm, name="clip_by_global_norm", options=dict(max_norm=max_norm))
+    return stateless(_apply_clip_by_global_norm, name="clip_by_global_norm", options=dict(max_norm=max_norm),
+                     schedulable=("max_norm",))
 
 
 def _centralize_leaf(g):

@@ -1,9 +1,14 @@
-"""Memory-light second moments and block-wise scalings: Adafactor, SM3 and Muon."""
+"""Memory-light second moments and block-wise scalings: Adafactor and SM3.
+
+Adafactor's factored second moment, its relative step (the parameter
+block's RMS) and its update clipping (the update block's RMS); SM3's
+second moment covered by per-axis maxima.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +16,10 @@ import numpy as np
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateful, stateless
-
-# The quintic Newton–Schulz coefficients of Muon (Jordan et al., 2024).
-_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._update import Update
+from updax.updates._kernels import moment
 
 # --------------------------------------------------------------------------
 # States
@@ -29,9 +34,9 @@ class ScaleByFactoredRmsState(NamedTuple):
     factored. The fields a leaf does not use hold a one-element zero.
     """
 
-    v_row: object
-    v_col: object
-    v: object
+    v_row: Any
+    v_col: Any
+    v: Any
     count: jax.Array
 
 
@@ -43,15 +48,8 @@ class ScaleBySm3State(NamedTuple):
     than two axes keeps one full-size accumulator). ``mu`` is the momentum.
     """
 
-    accumulators: object
-    mu: object
-
-
-class ScaleByMuonState(NamedTuple):
-    """The momentum ``mu`` and the steps taken ``count``."""
-
-    mu: object
-    count: jax.Array
+    accumulators: Any
+    mu: Any
 
 
 # --------------------------------------------------------------------------
@@ -99,11 +97,11 @@ def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate
         g2 = g32 * g32 + epsilon
         dims = _factored_dims(g.shape, factored, min_dim_size_to_factor)
         if dims is None:
-            v = d * v0.astype(c) + (1 - d) * g2
+            v = moment(d, v0.astype(c), g2)
             return (g32 * jax.lax.rsqrt(v)).astype(g.dtype), r0, c0, v.astype(v0.dtype)
         second, largest = dims
-        r = d * r0.astype(c) + (1 - d) * jnp.mean(g2, axis=largest)
-        col = d * c0.astype(c) + (1 - d) * jnp.mean(g2, axis=second)
+        r = moment(d, r0.astype(c), jnp.mean(g2, axis=largest))
+        col = moment(d, c0.astype(c), jnp.mean(g2, axis=second))
         second_in_r = second - 1 if second > largest else second
         row_factor = jax.lax.rsqrt(r / jnp.mean(r, axis=second_in_r, keepdims=True))
         u = g32 * jnp.expand_dims(row_factor, largest) * jnp.expand_dims(jax.lax.rsqrt(col), second)
@@ -175,7 +173,7 @@ def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
     # The factoring decision shapes the state, so the size threshold is structure, not data.
     return stateful(_init_scale_by_factored_rms, _apply_scale_by_factored_rms, name=call, options=options,
-                    static=("min_dim_size_to_factor",))
+                    static=("min_dim_size_to_factor",), schedulable=("decay_rate", "epsilon"))
 
 
 def _rms(x):
@@ -220,7 +218,8 @@ def scale_by_param_block_rms(min_scale=1e-3):
     """
     call = "scale_by_param_block_rms"
     return stateless(_apply_scale_by_param_block_rms, name=call,
-                     options=dict(min_scale=check.nonnegative(call, "min_scale", min_scale)), needs_params=True)
+                     options=dict(min_scale=check.nonnegative(call, "min_scale", min_scale)), needs_params=True,
+                     schedulable=("min_scale",))
 
 
 def _apply_clip_by_block_rms(updates, params, *, threshold):
@@ -259,7 +258,7 @@ def clip_by_block_rms(threshold=1.0):
     """
     call = "clip_by_block_rms"
     return stateless(_apply_clip_by_block_rms, name=call,
-                     options=dict(threshold=check.positive(call, "threshold", threshold)))
+                     options=dict(threshold=check.positive(call, "threshold", threshold)), schedulable=("threshold",))
 
 
 # --------------------------------------------------------------------------
@@ -296,7 +295,7 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
                                                       for i, a in enumerate(covers)])
         gain = jnp.where(b2 == 1.0, 1.0, 1.0 - b2).astype(c)  # b2 = 1 sums the squares, b2 < 1 averages them
         s = gain * g32 * g32 + b2 * previous
-        m = b1 * m0.astype(c) + (1 - b1) * g32 * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0)
+        m = moment(b1, m0.astype(c), g32 * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0))
         if g.ndim < 2:
             new = (s,)
         else:
@@ -355,196 +354,5 @@ def scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8, *, mu_dtype=None, accumulator_dtype=N
                    eps=check.nonnegative(call, "eps", eps),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_sm3, _apply_scale_by_sm3, name=call, options=options)
-
-
-# --------------------------------------------------------------------------
-# Muon: momentum orthogonalized by a Newton–Schulz iteration
-
-
-def _check_ns_coeffs(call, value):
-    if not isinstance(value, (tuple, list)) or len(value) != 3:
-        raise TypeError(f"{call}(ns_coeffs={value!r}): ns_coeffs must be a tuple of three real numbers")
-    return tuple(check.real(call, "ns_coeffs", k) for k in value)
-
-
-def _newton_schulz(x, ns_coeffs, ns_steps, eps):
-    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on a matrix, from ``x / (‖x‖_F + eps)``."""
-    a, b, c = (jnp.asarray(k, x.dtype) for k in ns_coeffs)
-    tall = x.shape[0] > x.shape[1]
-    if tall:  # the iteration commutes with transposition: work with the smaller Gram matrix
-        x = x.T
-    x = x / (jnp.linalg.norm(x) + eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
-
-
-def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps):
-    def leaf(g):
-        if g.ndim != 2:
-            return g
-        return _newton_schulz(g.astype(_tree.compute_dtype(g.dtype)), ns_coeffs, ns_steps, eps).astype(g.dtype)
-
-    return jax.tree.map(leaf, updates)
-
-
-@combinator
-def scale_by_newton_schulz(ns_coeffs=_NS_COEFFS, ns_steps=5, eps=1e-8):
-    """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
-
-    Update rule, for a leaf with two axes (other leaves pass unchanged), with
-    ``(a, b, c) = ns_coeffs``; a leaf with more rows than columns is
-    transposed first and back after, as the iteration commutes with
-    transposition::
-
-        X ← u / (‖u‖_F + eps)
-        X ← a·X + (b·XXᵀ + c·(XXᵀ)²)·X      (ns_steps times);   u = X
-
-    The default coefficients do not converge to the polar factor ``UVᵀ`` of
-    ``u = USVᵀ``: they push every singular value into roughly [0.7, 1.2] in
-    few steps, which is what Muon needs.
-
-    Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``.
-            Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, a positive integer. Default: ``5``.
-        eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
-
-    Returns:
-        A stateless update object.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> import updax as ux
-        >>> opt = ux.scale_by_newton_schulz()
-        >>> g = {"w": jnp.array([[3.0, 0.0], [0.0, 0.3], [0.0, 0.0]]), "b": jnp.array([5.0])}
-        >>> u, _ = opt.update(g, opt.init(None))
-        >>> u["w"]  # singular values 3 and 0.3 both land near 1
-        Array([[0.702, 0.   ],
-               [0.   , 0.7087],
-               [0.   , 0.   ]], dtype=float32)
-        >>> u["b"]
-        Array([5.], dtype=float32)
-
-    References:
-        Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024. https://kellerjordan.github.io/posts/muon/
-    """
-    call = "scale_by_newton_schulz"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=check.positive_int(call, "ns_steps", ns_steps),
-                   eps=check.nonnegative(call, "eps", eps))
-    # The number of iterations unrolls into the compiled step: structure, not data.
-    return stateless(_apply_scale_by_newton_schulz, name=call, options=options, static=("ns_steps",))
-
-
-def _init_scale_by_muon(params, *, mu_dtype):
-    return ScaleByMuonState(mu=_tree.accumulators(params, mu_dtype), count=_tree.zero_count())
-
-
-def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov):
-    count = _tree.safe_increment(state.count)
-    t = count.astype(jnp.float32)
-    correction, next_correction = 1 - beta**t, 1 - beta ** (t + 1)
-
-    def leaf(g, m0):
-        c = _tree.compute_dtype(g.dtype, m0.dtype)
-        g32 = g.astype(c)
-        m = beta * m0.astype(c) + (1 - beta) * g32
-        if nesterov:
-            m_hat = beta * m / next_correction.astype(c) + (1 - beta) * g32 / correction.astype(c)
-        else:
-            m_hat = m / correction.astype(c)
-        u = _newton_schulz(m_hat, ns_coeffs, ns_steps, eps) if g.ndim == 2 else m_hat
-        return u.astype(g.dtype), m.astype(m0.dtype)
-
-    u, mu = _tree.tree_map_unzip("scale_by_muon", leaf, 2, updates, state.mu, names=("updates", "state.mu"))
-    return u, ScaleByMuonState(mu=mu, count=count)
-
-
-@combinator
-def scale_by_muon(ns_coeffs=_NS_COEFFS, ns_steps=5, beta=0.95, eps=1e-8, nesterov=True, *, mu_dtype=None):
-    """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
-
-    Update rule (t counts from 1), then :func:`scale_by_newton_schulz` on
-    each leaf with two axes; other leaves get the momentum alone::
-
-        m ← beta·m + (1-beta)·g
-        m̂ = beta·m/(1-beta^(t+1)) + (1-beta)·g/(1-beta^t)    (nesterov=True)
-        m̂ = m/(1-beta^t)                                      (nesterov=False)
-        u = NewtonSchulz(m̂)
-
-    Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``.
-            Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, a positive integer. Default: ``5``.
-        beta: decay of the momentum, in [0, 1). Default: ``0.95``.
-        eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
-        nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
-        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
-            least float32. Default: ``None``.
-
-    Returns:
-        An update object with state ``ScaleByMuonState(mu, count)``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> import updax as ux
-        >>> opt = ux.scale_by_muon(beta=0.5, nesterov=False)
-        >>> state = opt.init({"w": jnp.zeros((2, 2)), "b": jnp.zeros(1)})
-        >>> u, state = opt.update({"w": jnp.array([[3.0, 0.0], [0.0, 0.3]]), "b": jnp.array([2.0])}, state)
-        >>> u["w"]  # m̂ = g on the first step, orthogonalized
-        Array([[0.702, 0.   ],
-               [0.   , 0.7087]], dtype=float32)
-        >>> u["b"], opt.get_state(state, "scale_by_muon.mu")["b"]  # not a matrix: the bias-corrected momentum
-        (Array([2.], dtype=float32), Array([1.], dtype=float32))
-
-    References:
-        Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024. https://kellerjordan.github.io/posts/muon/;
-        Bernstein & Newhouse, "Old Optimizer, New Norm: An Anthology", 2024.
-        https://arxiv.org/abs/2409.20325
-    """
-    call = "scale_by_muon"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=check.positive_int(call, "ns_steps", ns_steps),
-                   beta=check.unit(call, "beta", beta), eps=check.nonnegative(call, "eps", eps),
-                   nesterov=check.flag(call, "nesterov", nesterov),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
-    return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options, static=("ns_steps",))
-
-
-def _shape_scale(g):
-    if g.ndim != 2:
-        return g
-    fan_in, fan_out = g.shape
-    c = _tree.compute_dtype(g.dtype)
-    return (g.astype(c) * max(1.0, fan_out / fan_in) ** 0.5).astype(g.dtype)
-
-
-def _apply_scale_by_shape(updates, params):
-    return jax.tree.map(_shape_scale, updates)
-
-
-@combinator
-def scale_by_shape():
-    """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
-
-    Update rule: ``u ← u·sqrt(max(1, n/m))`` for a 2-D leaf of shape
-    ``(m, n)`` (input dimension first); other leaves pass unchanged.
-
-    Returns:
-        A stateless update object.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> import updax as ux
-        >>> opt = ux.scale_by_shape()
-        >>> opt.update({"w": jnp.ones((2, 8)), "b": jnp.ones(8)}, opt.init(None))[0]["w"][0, 0]
-        Array(2., dtype=float32)
-
-    References:
-        Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024; optax.contrib.scale_by_shape.
-    """
-    return stateless(_apply_scale_by_shape, name="scale_by_shape")
+    return stateful(_init_scale_by_sm3, _apply_scale_by_sm3, name=call, options=options,
+                    schedulable=("b1", "b2", "eps"))

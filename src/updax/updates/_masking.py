@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax._core import Update, combinator, stateful, stateless
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._update import Update
 
 
 def _is_function(labels) -> bool:
@@ -94,7 +96,7 @@ def partition(transforms, labels):
     if not isinstance(transforms, dict) or not all(isinstance(t, Update) for t in transforms.values()):
         raise TypeError(f"partition(transforms={transforms!r}): transforms must be a dict of update objects")
     return stateful(_init_partition, _apply_partition, name="partition",
-                    options=dict(transforms=transforms, labels=labels), callables=("labels",))
+                    options=dict(transforms=transforms, labels=labels))
 
 
 class MaskedState(NamedTuple):
@@ -143,8 +145,7 @@ def masked(inner: Update, mask):
     References:
         optax.masked.
     """
-    return stateful(_init_masked, _apply_masked, name="masked", options=dict(inner=inner, mask=mask),
-                    callables=("mask",), wraps="inner")
+    return stateful(_init_masked, _apply_masked, name="masked", options=dict(inner=inner, mask=mask), wraps="inner")
 
 
 def _apply_freeze(updates, params, *, mask):
@@ -180,4 +181,4 @@ def freeze(mask):
     References:
         optax.transforms.freeze.
     """
-    return stateless(_apply_freeze, name="freeze", options=dict(mask=mask), callables=("mask",))
+    return stateless(_apply_freeze, name="freeze", options=dict(mask=mask))

@@ -15,26 +15,10 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateful
-
-
-def _warmed_up(decay, count, decay_min):
-    """``min(decay, (1 + t) / (10 + t))`` when ``decay_min`` (TensorFlow's warm-up), else ``decay``."""
-    decay = jnp.asarray(decay, jnp.float32)
-    if not decay_min:
-        return decay
-    t = count.astype(jnp.float32)
-    return jnp.minimum(decay, (1.0 + t) / (10.0 + t))
-
-
-def _blend(average, value, keep, take):
-    """``keep·average + take·value`` in at least float32, stored in ``average``'s dtype."""
-    c = _tree.compute_dtype(average.dtype, value.dtype)
-    return (keep.astype(c) * average.astype(c) + take.astype(c) * value.astype(c)).astype(average.dtype)
-
-
-def _output(average, value):
-    return average.astype(value.dtype)
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._update import Update
+from updax.updates._kernels import blend, filled, moment, warmed_up
 
 
 # --------------------------------------------------------------------------
@@ -50,26 +34,14 @@ class EmaState(NamedTuple):
     previous: object
 
 
-def _start(params, init, dtype, call):
-    """Accumulators shaped like ``params`` holding ``init`` (a number, or a tree shaped like ``params``).
-
-    Always fresh buffers, never ``init``'s own: a state sharing a buffer with the params cannot be donated.
-    """
-    if _tree.is_scalar(init):
-        return _tree.accumulators(params, dtype, init)
-    _tree.check_same_structure(call, params, init, "the values", "init")
-    return jax.tree.map(lambda p, i: jnp.array(jnp.broadcast_to(i, jnp.shape(p)),
-                                               dtype=_tree.accumulator_like(p, dtype).dtype, copy=True), params, init)
-
-
 def _init_ema(params, *, init, accumulator_dtype, keep_previous):
-    ema = _start(params, init, accumulator_dtype, "ema")
+    ema = filled("ema", params, init, accumulator_dtype)
     previous = jax.tree.map(lambda a: jnp.array(a, copy=True), ema) if keep_previous else None
     return EmaState(count=_tree.zero_count(), total_weight=jnp.zeros([], jnp.float32), ema=ema, previous=previous)
 
 
 def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previous):
-    b = _warmed_up(decay, state.count, decay_min)
+    b = warmed_up(decay, state.count, decay_min)
     total_weight = b * state.total_weight + (1.0 - b)
     if debias:
         # The zero-debiased average (ema - init·Πb) / (1 - Πb) is the weighted mean of the
@@ -79,9 +51,9 @@ def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previou
         take = jnp.where(total_weight > 0, (1.0 - b) / safe, 0.0)
     else:
         keep, take = b, 1.0 - b
-    ema = _tree.tree_map("ema", lambda m, x: _blend(m, x, keep, take), state.ema, updates,
+    ema = _tree.tree_map("ema", lambda m, x: blend(m, x, keep, take), state.ema, updates,
                          names=("state.ema", "updates"))
-    out = jax.tree.map(_output, ema, updates)
+    out = jax.tree.map(lambda average, value: average.astype(value.dtype), ema, updates)
     return out, EmaState(count=_tree.safe_increment(state.count), total_weight=total_weight, ema=ema,
                          previous=state.ema if keep_previous else None)
 
@@ -137,14 +109,14 @@ def ema(decay, debias=True, *, init=0.0, decay_min=False, keep_previous=False, a
     """
     call = "ema"
     if not (_tree.is_scalar(init) or jax.tree.leaves(init)):
-        check._fail(call, "init", init, "must be a number or a tree of arrays", TypeError)
+        check.fail(call, "init", init, "must be a number or a tree of arrays", TypeError)
     if _tree.is_scalar(init):
-        init = check.real(call, "init", init)
+        init = check.number(call, "init", init)
     options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0), debias=check.flag(call, "debias", debias),
                    init=init, decay_min=check.flag(call, "decay_min", decay_min),
                    keep_previous=check.flag(call, "keep_previous", keep_previous),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_ema, _apply_ema, name=call, options=options)
+    return stateful(_init_ema, _apply_ema, name=call, options=options, schedulable=("decay",))
 
 
 # --------------------------------------------------------------------------
@@ -242,9 +214,9 @@ def _apply_weighted_moving_average(updates, state, params, *, decay, weight=1.0)
 
     def leaf(x, w, ws0, s0):
         c = _tree.compute_dtype(x.dtype, s0.dtype)
-        w = jnp.asarray(w).astype(c)
-        s = b.astype(c) * s0.astype(c) + (1 - b).astype(c) * w * x.astype(c)
-        ws = b.astype(c) * ws0.astype(c) + (1 - b).astype(c) * w
+        b_c, w = b.astype(c), jnp.asarray(w).astype(c)
+        s = moment(b_c, s0.astype(c), w * x.astype(c))
+        ws = moment(b_c, ws0.astype(c), w)
         mean = jnp.where(ws > 0, s / jnp.where(ws > 0, ws, 1), 0)
         return mean.astype(x.dtype), s.astype(s0.dtype), jnp.broadcast_to(ws, jnp.shape(ws0)).astype(ws0.dtype)
 
@@ -294,4 +266,5 @@ def weighted_moving_average(decay, *, accumulator_dtype=None):
     call = "weighted_moving_average"
     options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_weighted_moving_average, _apply_weighted_moving_average, name=call, options=options)
+    return stateful(_init_weighted_moving_average, _apply_weighted_moving_average, name=call, options=options,
+                    schedulable=("decay",))

@@ -11,7 +11,8 @@ import numpy as np
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateful, stateless
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
 
 
 def _apply_add_decayed_weights(updates, params, *, decay):
@@ -48,7 +49,7 @@ def add_decayed_weights(decay=0.0):
     """
     decay = check.real("add_decayed_weights", "decay", decay)
     return stateless(_apply_add_decayed_weights, name="add_decayed_weights", options=dict(decay=decay),
-                     needs_params=True)
+                     needs_params=True, schedulable=("decay",))
 
 
 class AddNoiseState(NamedTuple):
@@ -133,4 +134,4 @@ def add_noise(eta=0.01, gamma=0.55, key=0):
     """
     options = dict(eta=check.nonnegative("add_noise", "eta", eta), gamma=check.nonnegative("add_noise", "gamma", gamma),
                    key=_check_key("add_noise", key))
-    return stateful(_init_add_noise, _apply_add_noise, name="add_noise", options=options)
+    return stateful(_init_add_noise, _apply_add_noise, name="add_noise", options=options, schedulable=("eta", "gamma"))

@@ -10,7 +10,9 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import Update, combinator, stateful
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._update import Update
 from updax.updates._clipping import global_norm
 
 

@@ -1,23 +1,173 @@
-"""Learning rates: a fixed or scheduled descent step, and lowering it when the loss plateaus."""
+"""Step sizes: fixed, tunable, scheduled, a learning rate, and lowering it when the loss plateaus."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
 from updax import _validate as check
-from updax._core import combinator, stateful, stateless
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._update import Update
+from updax.updates._kernels import scaled
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByScheduleState(NamedTuple):
+    """Steps taken; the schedule is evaluated at ``count`` before it is incremented."""
+
+    count: jax.Array
+
+
+class ScaleByStateState(NamedTuple):
+    """The step size, held in state so outside code can read and replace it."""
+
+    step_size: jax.Array
+
+
+class ReduceOnPlateauState(NamedTuple):
+    """The current factor ``scale`` and the bookkeeping of the plateau rule."""
+
+    scale: jax.Array
+    best_loss: jax.Array
+    plateau_count: jax.Array
+    cooldown_count: jax.Array
+    count: jax.Array
+    avg_loss: jax.Array
+
+
+# --------------------------------------------------------------------------
+# Fixed, tunable and scheduled step sizes
+
+
+def _apply_scale(updates, params, *, step_size):
+    return jax.tree.map(lambda g: scaled(g, step_size), updates)
+
+
+@combinator
+def scale(step_size):
+    """Multiplies updates by a fixed step size.
+
+    Update rule: ``u ← α·u``.
+
+    Args:
+        step_size: the factor ``α``, any real number (a negative learning
+            rate turns a direction into a descent step). No default.
+
+    Returns:
+        A stateless update object.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-0.5)
+        >>> opt
+        scale(step_size=-0.5)
+        >>> opt.update({"w": jnp.array([2.0, 4.0])}, opt.init(None))[0]
+        {'w': Array([-1., -2.], dtype=float32)}
+
+    References:
+        Axon.Updates.scale.
+    """
+    step_size = check.real("scale", "step_size", step_size)
+    return stateless(_apply_scale, name="scale", options=dict(step_size=step_size), schedulable=("step_size",))
+
+
+def _init_scale_by_state(params, *, step_size):
+    return ScaleByStateState(step_size=jnp.asarray(step_size, jnp.float32))
+
+
+def _apply_scale_by_state(updates, state, params):
+    return jax.tree.map(lambda g: scaled(g, state.step_size), updates), state
+
+
+@combinator
+def scale_by_state(step_size):
+    """Multiplies updates by a step size held in state (Axon's tunable learning rate).
+
+    Update rule: ``u ← α·u`` with ``α = state.step_size``. Outside code reads
+    and replaces it between steps, e.g.
+    ``opt.replace_state(state, "scale_by_state.step_size", 1e-4)``, with no
+    recompilation of a jitted step.
+
+    Args:
+        step_size: the initial ``α``, any real number. No default.
+
+    Returns:
+        An update object with state ``ScaleByStateState(step_size)`` (float32).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_state(-0.1)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> state = opt.replace_state(state, "scale_by_state.step_size", -0.01)
+        >>> opt.update({"w": jnp.array([2.0])}, state)[0]["w"]
+        Array([-0.02], dtype=float32)
+
+    References:
+        Axon.Updates.scale_by_state.
+    """
+    step_size = check.real("scale_by_state", "step_size", step_size)
+    return stateful(_init_scale_by_state, _apply_scale_by_state, name="scale_by_state",
+                    options=dict(step_size=step_size), schedulable=("step_size",))
+
+
+def _init_scale_by_schedule(params):
+    return ScaleByScheduleState(count=_tree.zero_count())
+
+
+def _apply_scale_by_schedule(updates, state, params, *, schedule_fn):
+    step_size = schedule_fn(state.count)
+    updates = jax.tree.map(lambda g: scaled(g, step_size), updates)
+    return updates, ScaleByScheduleState(count=_tree.safe_increment(state.count))
+
+
+@combinator
+def scale_by_schedule(schedule_fn):
+    """Multiplies updates by ``schedule_fn(count)``.
+
+    Update rule: ``u ← η(t)·u``, with ``t = 0`` on the first call.
+
+    Args:
+        schedule_fn: a jittable function ``count -> step size``. No default.
+
+    Returns:
+        An update object with state ``ScaleByScheduleState(count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> def halving(count):
+        ...     return 0.5 ** count
+        >>> opt = ux.scale_by_schedule(halving)
+        >>> opt
+        scale_by_schedule(schedule_fn=halving)
+        >>> state = opt.init(None)
+        >>> for _ in range(3):
+        ...     u, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u["w"]
+        Array([0.25], dtype=float32)
+
+    References:
+        Axon.Updates.scale_by_schedule.
+    """
+    schedule_fn = check.function("scale_by_schedule", "schedule_fn", schedule_fn)
+    return stateful(_init_scale_by_schedule, _apply_scale_by_schedule, name="scale_by_schedule",
+                    options=dict(schedule_fn=schedule_fn))
+
+
+# --------------------------------------------------------------------------
+# Learning rates
 
 
 def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
-    def leaf(g):
-        c = _tree.compute_dtype(g.dtype)
-        return (-(g.astype(c) * learning_rate)).astype(g.dtype)
-
-    return jax.tree.map(leaf, updates)
+    return jax.tree.map(lambda g: scaled(g, -learning_rate), updates)
 
 
 @combinator
@@ -49,18 +199,7 @@ def scale_by_learning_rate(learning_rate):
     """
     learning_rate = check.real("scale_by_learning_rate", "learning_rate", learning_rate)
     return stateless(_apply_scale_by_learning_rate, name="scale_by_learning_rate",
-                     options=dict(learning_rate=learning_rate))
-
-
-class ReduceOnPlateauState(NamedTuple):
-    """The current factor ``scale`` and the bookkeeping of the plateau rule."""
-
-    scale: jax.Array
-    best_loss: jax.Array
-    plateau_count: jax.Array
-    cooldown_count: jax.Array
-    count: jax.Array
-    avg_loss: jax.Array
+                     options=dict(learning_rate=learning_rate), schedulable=("learning_rate",))
 
 
 def _init_reduce_on_plateau(params):
@@ -93,11 +232,7 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
     waiting = state._replace(count=count, avg_loss=avg)
     new = jax.tree.map(lambda a, b: jnp.where(evaluate, a, b), new, waiting)
 
-    def leaf(g):
-        c = _tree.compute_dtype(g.dtype)
-        return (g.astype(c) * new.scale).astype(g.dtype)
-
-    return jax.tree.map(leaf, updates), new
+    return jax.tree.map(lambda g: scaled(g, new.scale), updates), new
 
 
 @combinator
@@ -150,4 +285,5 @@ def reduce_on_plateau(factor=0.1, patience=10, rtol=1e-4, atol=0.0, cooldown=0, 
                    cooldown=check.integer(call, "cooldown", cooldown, 0),
                    accumulation_size=check.integer(call, "accumulation_size", accumulation_size, 1),
                    min_scale=check.nonnegative(call, "min_scale", min_scale))
-    return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name=call, options=options)
+    return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name=call, options=options,
+                    schedulable=("factor", "rtol", "atol", "min_scale"))

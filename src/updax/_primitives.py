@@ -1,0 +1,189 @@
+"""The primitives everything is built on: ``stateless``, ``stateful``, ``identity``, ``compose``, ``apply_updates``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax._combinators import combinator
+from updax._stage import Stage
+from updax._update import Update
+
+__all__ = ["apply_updates", "compose", "identity", "stateful", "stateless"]
+
+
+@combinator
+def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options: Mapping[str, Any] | None = None,
+              needs_params: bool = False, static: Iterable[str] = (), schedulable: Iterable[str] = ()) -> Update:
+    """A stage without state.
+
+    Args:
+        apply_fn: ``apply_fn(updates, params, **options) -> updates``; it gets
+            the options its signature names, by keyword. No default.
+        name: the name shown in ``repr`` and used in state paths, a Python
+            identifier. A name binds its kernel, option names and
+            declarations for the whole process, so that equal-looking stages
+            compute the same. Default: ``None`` (shown as
+            ``stateless(apply_fn, ...)``).
+        options: a mapping of options, copied when the stage is built.
+            Numbers and arrays are pytree leaves (a jitted step does not
+            retrace when they change); other values are static and must be
+            hashable or pytrees of hashable values. A callable option
+            reaches the kernel as a function unless it is ``schedulable``.
+            Default: ``None``.
+        needs_params: raise a clear error when ``update`` gets no params.
+            Default: ``False``.
+        static: option names kept static (part of the compiled structure)
+            even when numeric, e.g. an iteration count that fixes a Python
+            loop in the kernel. Default: ``()``.
+        schedulable: option names that may be schedules ``count -> value``:
+            when such an option's value is callable, the stage evaluates it
+            at its own step count and the kernel gets the number.
+            Default: ``()``.
+
+    Returns:
+        An :class:`Update` with one stage.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import updax as ux
+        >>> def negate(updates, params):
+        ...     return jax.tree.map(lambda g: -g, updates)
+        >>> opt = ux.stateless(negate)
+        >>> opt
+        stateless(negate)
+        >>> opt.update({"w": jnp.array([1.0])}, opt.init(None))[0]
+        {'w': Array([-1.], dtype=float32)}
+    """
+    stage = Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static,
+                  schedulable=schedulable)
+    return Update((stage,))
+
+
+@combinator
+def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name: str | None = None,
+             options: Mapping[str, Any] | None = None, needs_params: bool = False, static: Iterable[str] = (),
+             schedulable: Iterable[str] = (), wraps: str | None = None) -> Update:
+    """A stage with state.
+
+    Args:
+        init_fn: ``init_fn(params, **options) -> state``, best a NamedTuple
+            with descriptive fields. No default.
+        apply_fn: ``apply_fn(updates, state, params, **options) -> (updates,
+            state)``; each function gets the options its signature names.
+            No default.
+        name: the name shown in ``repr`` and used in state paths (see
+            :func:`stateless`). Default: ``None`` (shown as
+            ``stateful(init_fn, apply_fn, ...)``).
+        options: a mapping of options (see :func:`stateless`).
+            Default: ``None``.
+        needs_params: raise a clear error when ``update`` gets no params.
+            Default: ``False``.
+        static: option names kept static even when numeric. Default: ``()``.
+        schedulable: option names that may be schedules ``count -> value``
+            (see :func:`stateless`). Default: ``()``.
+        wraps: the option holding a pipeline this stage runs; its state must
+            be stored in the state field of the same name. Composed after
+            other stages with that option empty, the stage wraps them.
+            Default: ``None``.
+
+    Returns:
+        An :class:`Update` with one stage.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from typing import NamedTuple
+        >>> import updax as ux
+        >>> class CountState(NamedTuple):
+        ...     count: jax.Array
+        >>> def init(params):
+        ...     return CountState(jnp.zeros([], jnp.int32))
+        >>> def apply(updates, state, params, *, by):
+        ...     return jax.tree.map(lambda g: g * by, updates), CountState(state.count + 1)
+        >>> opt = ux.stateful(init, apply, name="counted_scale", options={"by": 2.0}, schedulable=["by"])
+        >>> opt
+        counted_scale(by=2.0)
+        >>> updates, state = opt.update({"w": jnp.array([1.0])}, opt.init(None))
+        >>> updates["w"], opt.get_state(state, "counted_scale.count")
+        (Array([2.], dtype=float32), Array(1, dtype=int32))
+    """
+    stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static,
+                  schedulable=schedulable, wraps=wraps)
+    return Update((stage,))
+
+
+@combinator
+def identity() -> Update:
+    """The empty pipeline: updates pass through unchanged.
+
+    Like every combinator it takes an optional leading parent (Axon's
+    ``identity/1``), which it returns unchanged.
+
+    Returns:
+        An :class:`Update` with no stages.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.identity()
+        identity()
+        >>> ux.identity(ux.scale(2.0)) == ux.scale(2.0).identity() == ux.scale(2.0)
+        True
+    """
+    return Update()
+
+
+def compose(*updates: Update) -> Update:
+    """``a`` then ``b`` then ...: one pipeline whose state is the stages' states in order.
+
+    A wrapper with nothing to wrap (``ux.apply_if_finite()``) composed after
+    stages wraps them, so ``compose(a, ux.apply_if_finite())`` is
+    ``a.apply_if_finite()``.
+
+    Args:
+        *updates: the update objects, in order. No default.
+
+    Returns:
+        An :class:`Update` with the stages of all of them.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.compose(ux.clip(delta=1.0), ux.scale(-0.1))
+        clip(delta=1.0) |> scale(step_size=-0.1)
+    """
+    stages: list[Stage] = []
+    for i, update in enumerate(updates):
+        if not isinstance(update, Update):
+            raise TypeError(f"compose: argument {i} is {type(update).__name__}, not an update object")
+        stages.extend(update.stages)
+    return Update(stages)
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+    """``params + updates``, leaf by leaf, keeping each param's dtype.
+
+    The sum is computed in the wider of the two dtypes, then cast back.
+
+    Args:
+        params: the parameters, any pytree of arrays. No default.
+        updates: the updates, a pytree of the same structure. No default.
+
+    Returns:
+        The new parameters, each leaf in its param's dtype.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.apply_updates({"w": jnp.ones(2, jnp.bfloat16)}, {"w": jnp.full(2, 0.5)})
+        {'w': Array([1.5, 1.5], dtype=bfloat16)}
+    """
+    def add(p, u):
+        p, u = jnp.asarray(p), jnp.asarray(u)
+        wide = _tree.wider(p.dtype, u.dtype)
+        return (p.astype(wide) + u.astype(wide)).astype(p.dtype)
+
+    _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
+    return jax.tree.map(add, params, updates)

@@ -1,0 +1,341 @@
+"""Stages: one combinator in a pipeline, its kernels, its options and what the name of a stage binds.
+
+A stage is a name, one or two kernels and its options. Numeric options (and
+nested pipelines, schedule objects) are pytree leaves; everything else
+(flags, dtypes, functions) is static structure. An option is evaluated as a
+schedule only where the stage declares it ``schedulable`` and its value is
+callable; any other callable option reaches the kernels as a function.
+
+A stage name binds its kind: the kernels, the option names and the
+declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``). Two
+stages of one name are therefore the same computation whenever their options
+are equal, which is what lets a pipeline print as its identity.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, key_of, keywords
+
+__all__ = ["EmptyState", "ScheduledState", "Stage"]
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless stage: it holds nothing."""
+
+
+class ScheduledState(NamedTuple):
+    """The state of a stage some of whose options are schedules.
+
+    ``state`` is the stage's own state, ``count`` the steps taken, and
+    ``hyperparams`` the value each scheduled option had on the last step (at
+    init: its value at count 0). :meth:`Update.get_state` sees through it:
+    ``"scale_by_adam.mu"`` and ``"scale_by_adam.b1"`` both resolve.
+    """
+
+    state: Any
+    count: jax.Array
+    hyperparams: dict[str, jax.Array]
+
+
+#: The labels of unnamed stages; no stage may take them as names.
+_UNNAMED = ("stateless", "stateful")
+
+
+class _Kind(NamedTuple):
+    """What a stage name binds. (``needs_params`` is not bound: a factory may derive it from the options, as
+    ``scale_by_novograd`` does from its decay; it must follow from the options, which print.)"""
+
+    init_fn: Callable[..., Any] | None
+    apply_fn: Callable[..., Any]
+    option_names: frozenset[str]
+    wraps: str | None
+    static: frozenset[str]
+    schedulable: frozenset[str]
+
+    def origin(self) -> tuple:
+        """The kernels by the name they are found under; a kernel found under no name (a lambda, a closure)
+        is itself, so that only the same object matches it."""
+        return tuple(None if f is None else (function_name(f) or f) for f in (self.init_fn, self.apply_fn))
+
+    def describe(self) -> str:
+        kernels = ", ".join(format_value(f) for f in (self.init_fn, self.apply_fn) if f is not None)
+        return (f"kernels {kernels}; options {sorted(self.option_names)}; wraps={self.wraps!r}; "
+                f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}")
+
+
+_KINDS: dict[str, _Kind] = {}
+
+
+def _bind(name: str, kind: _Kind) -> None:
+    """Binds ``name`` to ``kind``, or raises if the name already means another computation.
+
+    Redefining the same kernels (a reloaded module, a re-run notebook cell:
+    the same module and qualified names) rebinds the name.
+    """
+    bound = _KINDS.get(name)
+    if bound == kind:
+        return
+    if bound is not None and bound.origin() != kind.origin():
+        hint = ""
+        if any(not isinstance(o, (tuple, type(None))) for o in kind.origin()):
+            hint = (" (a kernel defined inside a function or as a lambda is a new object on every call: define "
+                    "it once at module level and pass what varies as options)")
+        raise ValueError(f"stage name {name!r} is already bound to {bound.describe()}; a stage with "
+                         f"{kind.describe()} needs a name of its own{hint}")
+    if bound is not None and bound._replace(init_fn=None, apply_fn=None) != kind._replace(init_fn=None, apply_fn=None):
+        same_kernels = bound.init_fn is kind.init_fn and bound.apply_fn is kind.apply_fn
+        if same_kernels:  # one definition, two declarations: a mistake in the factory
+            raise ValueError(f"stage {name!r} is declared two ways: {bound.describe()}; and {kind.describe()}")
+    _KINDS[name] = kind
+
+
+def _names(call: str, what: str, names: Iterable[str], options: Mapping[str, Any]) -> frozenset[str]:
+    if isinstance(names, str):
+        raise TypeError(f"{call}({what}={names!r}): {what} must be a collection of option names, not a string")
+    names = frozenset(names)
+    unknown = sorted(names - set(options))
+    if unknown:
+        raise ValueError(f"{call}({what}=...): {unknown} are not options of the stage (options: {sorted(options)})")
+    return names
+
+
+class Stage:
+    """One combinator in a pipeline: a name, its kernels and its options.
+
+    Users rarely build a :class:`Stage` directly: :func:`updax.stateless` and
+    :func:`updax.stateful` do. ``init_fn`` is None for a stateless stage.
+    Options are passed by keyword to each kernel that names them in its
+    signature. ``wraps`` names the option holding the pipeline a wrapper stage
+    runs (its state lives in the state field of the same name). Options named
+    in ``schedulable`` may be schedules ``count -> value``: the stage then
+    evaluates them at its own step count and the kernels see the number.
+    Options named in ``static`` are structure even when numeric.
+
+    Attributes:
+        name: the name given, or None (then ``label`` is ``"stateless"`` or
+            ``"stateful"``).
+        init_fn: ``init_fn(params, **options) -> state``, or None.
+        apply_fn: the update kernel.
+        options: the options as ``((name, value), ...)``, copied at
+            construction (static pytrees as frozen copies).
+        needs_params: whether ``update`` must be given params.
+        wraps: the option holding a wrapped pipeline, or None.
+        static: options kept static even when numeric.
+        schedulable: options evaluated per step when their value is callable.
+        dynamic: options that are pytree leaves (derived).
+        scheduled: options whose value is a schedule (derived).
+    """
+
+    __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
+                 "dynamic", "scheduled")
+
+    name: str | None
+    init_fn: Callable[..., Any] | None
+    apply_fn: Callable[..., Any]
+    options: tuple[tuple[str, Any], ...]
+    needs_params: bool
+    wraps: str | None
+    static: frozenset[str]
+    schedulable: frozenset[str]
+    dynamic: frozenset[str]
+    scheduled: frozenset[str]
+
+    def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
+                 options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
+                 wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = ()):
+        call = name or ("stateless" if init_fn is None else "stateful")
+        if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
+                                 or name in _UNNAMED):
+            raise ValueError(f"{call}(name={name!r}): a stage name must be a Python identifier other than "
+                             f"{' and '.join(_UNNAMED)} (state paths use it)")
+        for role, fn in (("init_fn", init_fn), ("apply_fn", apply_fn)):
+            if not (fn is None and role == "init_fn") and not callable(fn):
+                raise TypeError(f"{call}({role}={fn!r}): {role} must be callable")
+        options = dict(options)
+        for key in options:
+            if not isinstance(key, str) or not key.isidentifier():
+                raise TypeError(f"{call}(options=...): option names must be identifiers, got {key!r}")
+        static = _names(call, "static", static, options)
+        schedulable = _names(call, "schedulable", schedulable, options)
+        if static & schedulable:
+            raise ValueError(f"{call}: options {sorted(static & schedulable)} cannot be both static and schedulable")
+        if not isinstance(needs_params, bool):
+            raise TypeError(f"{call}(needs_params={needs_params!r}): needs_params must be True or False")
+        if wraps is not None:
+            from updax._update import Update  # noqa: PLC0415  (the pipeline type is defined on top of stages)
+
+            if not isinstance(options.get(wraps), Update):
+                raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
+        if name is not None:
+            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable)
+            _bind(name, kind)
+        stored = tuple((k, _store(call, k, v, static)) for k, v in options.items())
+        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable)
+
+    def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
+             scheduled=None):
+        if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
+            dynamic = frozenset(k for k, v in options
+                                if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
+            scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
+        for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
+                                                schedulable, dynamic, scheduled)):
+            object.__setattr__(self, slot, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("update objects are immutable")
+
+    @property
+    def label(self) -> str:
+        """The name used in ``repr`` and state paths."""
+        if self.name is not None:
+            return self.name
+        return _UNNAMED[0] if self.init_fn is None else _UNNAMED[1]
+
+    def option(self, key: str) -> Any:
+        """The value of option ``key`` (a static pytree option as the tree it was given as)."""
+        value = dict(self.options)[key]
+        return value.tree if isinstance(value, Frozen) else value
+
+    def _with_option(self, key: str, value: Any) -> Stage:
+        """This stage with option ``key`` replaced (its kind unchanged)."""
+        stage = Stage.__new__(Stage)
+        options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
+        stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
+                   self.schedulable)
+        return stage
+
+    @staticmethod
+    def _kwargs(fn, values):
+        accepted = keywords(fn)
+        return {k: v for k, v in values.items() if accepted is None or k in accepted}
+
+    def _values(self, count):
+        """The options, with each schedule evaluated at ``count`` (at least float32)."""
+        values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
+        for key in self.scheduled:
+            value = jnp.asarray(values[key](count))
+            if jnp.issubdtype(value.dtype, jnp.floating):
+                value = value.astype(_tree.compute_dtype(value.dtype))
+            values[key] = value
+        return values
+
+    def init(self, params: Any) -> Any:
+        """The stage's initial state for ``params``."""
+        count = _tree.zero_count()
+        values = self._values(count)
+        state = EmptyState() if self.init_fn is None else self.init_fn(params, **self._kwargs(self.init_fn, values))
+        if not self.scheduled:
+            return state
+        return ScheduledState(state=state, count=count, hyperparams={k: values[k] for k in sorted(self.scheduled)})
+
+    def apply(self, updates: Any, state: Any, params: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:
+        """Runs the stage: ``(updates, state)`` after one step; ``extra`` are the keywords ``update`` got."""
+        if self.needs_params and params is None:
+            raise ValueError(
+                f"{self.label} needs params, but update() got none: call update(updates, state, params)"
+            )
+        outer = state
+        if self.scheduled:
+            if not isinstance(state, ScheduledState):
+                raise ValueError(f"{self.label}: its options are scheduled, so its state must be the "
+                                 f"ScheduledState that init() returns, got {type(state).__name__}")
+            values, state = self._values(outer.count), outer.state
+        else:
+            values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
+        kwargs = self._kwargs(self.apply_fn, {**extra, **values})
+        if self.init_fn is None:
+            updates = self.apply_fn(updates, params, **kwargs)
+        else:
+            updates, state = self.apply_fn(updates, state, params, **kwargs)
+        if self.scheduled:
+            state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
+                                   hyperparams={k: values[k] for k in sorted(self.scheduled)})
+        return updates, state
+
+    # --- value semantics ---------------------------------------------------
+
+    def _key(self):
+        options = tuple((k, key_of(v)) for k, v in self.options)
+        return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
+                self.schedulable)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Stage and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self):
+        return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
+                                 self.static, self.schedulable))
+
+    def _arguments(self, *, with_wrapped: bool) -> str:
+        shown = []
+        if self.name is None:
+            shown += [format_value(fn) for fn in (self.init_fn, self.apply_fn) if fn is not None]
+        for key, value in self.options:
+            if key == self.wraps:
+                if with_wrapped and value.stages:
+                    shown.insert(0, repr(value))
+            elif value is not None or self.name is None:
+                # A named stage's option names are fixed by its name, so None can be left unsaid.
+                shown.append(f"{key}={format_value(value)}")
+        return f"{self.label}({', '.join(shown)})"
+
+    def __repr__(self) -> str:
+        return self._arguments(with_wrapped=True)
+
+
+def _store(call, key, value, static):
+    """An option as it is stored: a copy the caller cannot change, frozen if it is static and unhashable."""
+    value = canonical(value)
+    if key not in static and is_dynamic(value):
+        return value
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        pass
+    try:
+        return Frozen(value)
+    except TypeError:
+        raise TypeError(f"{call}({key}={value!r}): an option must be a number, an array, a hashable value "
+                        "or a pytree of them") from None
+
+
+def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable):
+    if name is not None:
+        names = frozenset(k for k, _ in options)
+        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable))
+    stage = Stage.__new__(Stage)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable)
+    return stage
+
+
+def _flatten_stage(stage):
+    children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
+    static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
+    aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
+           stage.schedulable, stage.dynamic, stage.scheduled)
+    return children, aux
+
+
+def _unflatten_stage(aux, children):
+    name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled = aux
+    children = iter(children)
+    options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
+    stage = Stage.__new__(Stage)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled)
+    return stage
+
+
+jax.tree_util.register_pytree_with_keys(Stage, _flatten_stage, _unflatten_stage)

@@ -1,0 +1,37 @@
+"""Ready-made optimizers, each one readable expression over :mod:`updax.updates`.
+
+Learning rate first (a number or a schedule), then the other options under
+Axon's names where Axon has the optimizer (its defaults too), else the
+paper's or optax's; decoupled weight decay is ``decay`` everywhere, as in
+Axon's ``adamw``. ``print(ux.optimizers.lamb(1e-2))`` shows the pipeline.
+"""
+
+from updax.optimizers._adam import (
+    adabelief,
+    adam,
+    adamax,
+    adamaxw,
+    adamw,
+    adan,
+    amsgrad,
+    nadam,
+    nadamw,
+    radam,
+    schedule_free_adamw,
+    yogi,
+)
+from updax.optimizers._factored import adafactor, sm3
+from updax.optimizers._layerwise import fromage, lamb, lars, novograd
+from updax.optimizers._orthogonal import muon
+from updax.optimizers._rms import adadelta, adagrad, rmsprop
+from updax.optimizers._sgd import noisy_sgd, sgd
+from updax.optimizers._sign import lion, rprop, sign_sgd, signum
+
+__all__ = [
+    # Axon's set
+    "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
+    # what users reach for today
+    "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "muon", "nadam",
+    "nadamw", "novograd",
+    "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
+]

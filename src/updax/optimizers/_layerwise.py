@@ -1,0 +1,131 @@
+"""Layer-wise optimizers: LAMB, LARS, Fromage and NovoGrad."""
+
+from __future__ import annotations
+
+from updax import _validate as check
+from updax._update import Update
+from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd, scale_by_trust_ratio
+
+
+def lamb(learning_rate=1e-2, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, decay=0.0, min_norm=0.0, *,
+         mu_dtype=None, nu_dtype=None):
+    """LAMB: AdamW rescaled per leaf by the trust ratio.
+
+    Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_trust_ratio(min_norm)
+    |> scale_by_learning_rate(learning_rate)``.
+
+    Args:
+        learning_rate: a number or a schedule. Default: ``0.01``.
+        b1: first-moment decay. Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the denominator. Default: ``1e-08``.
+        eps_root: added inside the square root. Default: ``1e-15``.
+        decay: weight-decay rate. Default: ``0.0``.
+        min_norm: floor of the norms in the trust ratio. Default: ``0.0``.
+        mu_dtype: storage dtype of the first moment. Default: ``None``.
+        nu_dtype: storage dtype of the second moment. Default: ``None``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> print(ux.optimizers.lamb(1e-2))
+        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> add_decayed_weights(decay=0.0) |> scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0) |> scale_by_learning_rate(learning_rate=0.01)
+
+    References:
+        You et al., "Large Batch Optimization for Deep Learning: Training BERT
+        in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
+    """
+    return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
+            .add_decayed_weights(decay=decay).scale_by_trust_ratio(min_norm=min_norm)
+            .scale_by_learning_rate(learning_rate))
+
+
+def lars(learning_rate=1e-1, decay=0.0, trust_coefficient=1e-3, eps=0.0, momentum=0.9, nesterov=False):
+    """LARS: momentum SGD with a per-layer trust ratio.
+
+    Pipeline: ``add_decayed_weights(decay) |> scale_by_trust_ratio(trust_coefficient=…, eps=…)
+    |> scale_by_learning_rate(lr) |> trace(momentum, nesterov)``.
+
+    Args:
+        learning_rate: a number or a schedule. Default: ``0.1``.
+        decay: weight decay added before the trust ratio. Default: ``0.0``.
+        trust_coefficient: the trust coefficient (the paper's 0.001). Default: ``0.001``.
+        eps: added to the update norm. Default: ``0.0``.
+        momentum: the momentum decay. Default: ``0.9``.
+        nesterov: Nesterov momentum. Default: ``False``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> [s.label for s in ux.optimizers.lars().stages]
+        ['add_decayed_weights', 'scale_by_trust_ratio', 'scale_by_learning_rate', 'trace']
+
+    References:
+        You et al., "Large Batch Training of Convolutional Networks", 2017.
+        https://arxiv.org/abs/1708.03888
+    """
+    return (add_decayed_weights(decay=decay)
+            .scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps)
+            .scale_by_learning_rate(learning_rate).trace(decay=momentum, nesterov=nesterov))
+
+
+def fromage(learning_rate=1e-2, min_norm=1e-6):
+    """Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
+
+    Pipeline, with ``m = 1/sqrt(1 + lr²)``: ``scale_by_trust_ratio(min_norm)
+    |> scale_by_learning_rate(lr·m) |> add_decayed_weights(m - 1)``, so that
+    ``p ← m·(p - lr·‖p‖/‖g‖·g)``. The learning rate must be a number.
+
+    Args:
+        learning_rate: a positive number. Default: ``0.01``.
+        min_norm: floor of both norms in the trust ratio. Default: ``1e-06``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> [s.label for s in ux.optimizers.fromage().stages]
+        ['scale_by_trust_ratio', 'scale_by_learning_rate', 'add_decayed_weights']
+
+    References:
+        Bernstein et al., "On the distance between two neural networks and
+        the stability of learning", NeurIPS 2020. https://arxiv.org/abs/2002.03432
+    """
+    learning_rate = check.number("fromage", "learning_rate", learning_rate, 0.0, lo_open=True)
+    mult = 1.0 / (1.0 + learning_rate**2) ** 0.5
+    return (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(learning_rate * mult)
+            .add_decayed_weights(decay=mult - 1.0))
+
+
+def novograd(learning_rate=1e-3, b1=0.9, b2=0.25, eps=1e-6, eps_root=0.0, decay=0.0):
+    """NovoGrad: momentum of updates normalised by a layer-wise second moment.
+
+    Pipeline: ``scale_by_novograd(b1, b2, eps, eps_root, decay) |> scale_by_learning_rate(lr)``.
+
+    Args:
+        learning_rate: a number or a schedule. Default: ``0.001``.
+        b1: first-moment decay. Default: ``0.9``.
+        b2: decay of the layer-wise second moment. Default: ``0.25``.
+        eps: added to the denominator (optax's alias default). Default: ``1e-06``.
+        eps_root: added inside the square root. Default: ``0.0``.
+        decay: weight decay inside the normalised step. Default: ``0.0``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> [s.label for s in ux.optimizers.novograd().stages]
+        ['scale_by_novograd', 'scale_by_learning_rate']
+
+    References:
+        Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive
+        Moments for Training of Deep Networks", 2019. https://arxiv.org/abs/1905.11286
+    """
+    return scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                             decay=decay).scale_by_learning_rate(learning_rate)

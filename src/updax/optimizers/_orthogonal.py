@@ -1,0 +1,62 @@
+"""Muon: orthogonalised momentum for the matrices, (N)AdamW for the other leaves."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from updax._update import Update
+from updax.updates import partition, scale_by_adam, scale_by_muon, scale_by_nadam
+
+
+def _muon_groups(params):
+    return jax.tree.map(lambda p: "muon" if jnp.ndim(p) == 2 else "adam", params)
+
+
+def muon(learning_rate=0.02, ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
+         decay=0.0, *, nesterov=True, mu_dtype=None, adam_b1=0.9, adam_b2=0.999, adam_eps_root=0.0,
+         adam_decay=0.0, adam_learning_rate=None):
+    """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
+
+    Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
+    |> scale_by_learning_rate(lr), "adam": scale_by_nadam(...) |> add_decayed_weights(adam_decay)
+    |> scale_by_learning_rate(adam_lr)}, labels)`` with 2-D leaves labelled
+    ``"muon"`` (input dimension first) and the rest ``"adam"`` (plain Adam
+    when ``nesterov=False``).
+
+    Args:
+        learning_rate: a number or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
+        ns_coeffs: the quintic Newton-Schulz coefficients. Default: ``(3.4445, -4.775, 2.0315)``.
+        ns_steps: Newton-Schulz iterations. Default: ``5``.
+        beta: momentum decay. Default: ``0.95``.
+        eps: Newton-Schulz normalisation and Adam's denominator term. Default: ``1e-08``.
+        decay: decoupled weight decay of the matrices. Default: ``0.0``.
+        nesterov: Nesterov momentum in both groups. Default: ``True``.
+        mu_dtype: storage dtype of the momenta. Default: ``None``.
+        adam_b1: Adam's first-moment decay. Default: ``0.9``.
+        adam_b2: Adam's second-moment decay. Default: ``0.999``.
+        adam_eps_root: Adam's term inside the square root. Default: ``0.0``.
+        adam_decay: decoupled weight decay of the other leaves. Default: ``0.0``.
+        adam_learning_rate: the other leaves' learning rate; None uses
+            ``learning_rate``. Default: ``None``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> sorted(ux.optimizers.muon().stages[0].option("transforms"))
+        ['adam', 'muon']
+
+    References:
+        Jordan et al., "Muon: An optimizer for hidden layers in neural
+        networks", 2024. https://kellerjordan.github.io/posts/muon/
+    """
+    adam_learning_rate = learning_rate if adam_learning_rate is None else adam_learning_rate
+    matrices = (scale_by_muon(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov,
+                              mu_dtype=mu_dtype)
+                .scale_by_shape().add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
+    adam_like = scale_by_nadam if nesterov else scale_by_adam
+    others = (adam_like(b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root, mu_dtype=mu_dtype)
+              .add_decayed_weights(decay=adam_decay).scale_by_learning_rate(adam_learning_rate))
+    return partition({"muon": matrices, "adam": others}, _muon_groups)

@@ -1,0 +1,64 @@
+"""Stochastic gradient descent: plain, with (Nesterov) momentum, and with annealed gradient noise."""
+
+from __future__ import annotations
+
+from updax import _validate as check
+from updax._update import Update
+from updax.updates import add_noise, scale_by_learning_rate, trace
+
+
+def sgd(learning_rate=1e-2, momentum=None, nesterov=False):
+    """Stochastic gradient descent, optionally with (Nesterov) momentum.
+
+    Pipeline: ``trace(momentum, nesterov) |> scale_by_learning_rate(learning_rate)``,
+    without the trace when ``momentum`` is None.
+
+    Args:
+        learning_rate: a number or a schedule. Default: ``0.01``.
+        momentum: the trace decay, or None for plain SGD. Default: ``None``.
+        nesterov: Nesterov momentum (with ``momentum`` set). Default: ``False``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.sgd(0.1, momentum=0.9, nesterov=True)
+        trace(decay=0.9, nesterov=True) |> scale_by_learning_rate(learning_rate=0.1)
+
+    References:
+        Robbins & Monro, 1951; Sutskever et al., "On the importance of
+        initialization and momentum in deep learning", ICML 2013.
+    """
+    check.flag("sgd", "nesterov", nesterov)
+    if momentum is None:
+        return scale_by_learning_rate(learning_rate)
+    return trace(decay=momentum, nesterov=nesterov).scale_by_learning_rate(learning_rate)
+
+
+def noisy_sgd(learning_rate=1e-2, eta=0.01, gamma=0.55, key=0):
+    """SGD on gradients with annealed Gaussian noise added.
+
+    Pipeline: ``add_noise(eta, gamma, key) |> scale_by_learning_rate(learning_rate)``:
+    the noise is added to the gradient, as in the paper (Polaris adds it after
+    the learning-rate scaling).
+
+    Args:
+        learning_rate: a number or a schedule. Default: ``0.01``.
+        eta: the initial noise variance. Default: ``0.01``.
+        gamma: the annealing exponent. Default: ``0.55``.
+        key: an int seed or a JAX PRNG key. Default: ``0``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.noisy_sgd(key=1)
+        add_noise(eta=0.01, gamma=0.55, key=1) |> scale_by_learning_rate(learning_rate=0.01)
+
+    References:
+        Neelakantan et al., "Adding Gradient Noise Improves Learning for Very
+        Deep Networks", 2015. https://arxiv.org/abs/1511.06807
+    """
+    return add_noise(eta=eta, gamma=gamma, key=key).scale_by_learning_rate(learning_rate)

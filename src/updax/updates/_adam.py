@@ -1,0 +1,603 @@
+"""The Adam family: first and second moments of the updates, bias-corrected.
+
+Adam and its variants from the papers: AdaBelief, RAdam, Yogi, AMSGrad,
+AdaMax, NAdam and Adan. Defaults are Axon's where Axon has the entry, else
+the paper's or optax's (each docstring says which).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._update import Update
+from updax.updates._kernels import adam_direction, bias_corrections, moment, per_leaf
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByAdamState(NamedTuple):
+    """First moment ``mu``, second moment ``nu``, steps taken ``count``."""
+
+    mu: Any
+    nu: Any
+    count: jax.Array
+
+
+class ScaleByAmsgradState(NamedTuple):
+    """First moment ``mu``, second moment ``nu``, running maximum of the
+    bias-corrected ``nu`` (``nu_max``), steps taken ``count``."""
+
+    mu: Any
+    nu: Any
+    nu_max: Any
+    count: jax.Array
+
+
+class ScaleByAdanState(NamedTuple):
+    """EMAs of the updates ``mu``, of their differences ``mu_diff`` and of the
+    squared look-ahead ``nu``; the previous updates ``prev_grads``; steps taken ``count``."""
+
+    mu: Any
+    mu_diff: Any
+    nu: Any
+    prev_grads: Any
+    count: jax.Array
+
+
+# --------------------------------------------------------------------------
+# Shared by the family
+
+
+def _adam_like_init(params, *, mu_dtype, nu_dtype, mu_fill=0.0, nu_fill=0.0):
+    return ScaleByAdamState(
+        mu=_tree.accumulators(params, mu_dtype, mu_fill),
+        nu=_tree.accumulators(params, nu_dtype, nu_fill),
+        count=_tree.zero_count(),
+    )
+
+
+def _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype, **more):
+    """The validated options of an Adam-like stage, in Axon's order (``more`` after ``eps_root``)."""
+    return dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
+                **more, mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+
+
+def _adam_like_update(call, leaf, updates, state, count):
+    """Runs ``leaf(g, mu, nu) -> (u, mu, nu)`` over the tree: the shared body of the Adam-like kernels."""
+    u, mu, nu = per_leaf(call, leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+
+
+#: The schedulable options of every Adam-like stage.
+_ADAM_SCHEDULABLE = ("b1", "b2", "eps", "eps_root")
+
+# --------------------------------------------------------------------------
+# Adam
+
+
+def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def leaf(g, m, v):
+        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+
+    return _adam_like_update("scale_by_adam", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by Adam's bias-corrected moment ratio.
+
+    Update rule (t counts from 1)::
+
+        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
+        u = m̂ / (sqrt(v̂ + eps_root) + eps),  m̂ = m/(1-b1^t),  v̂ = v/(1-b2^t)
+
+    Args:
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0 (Axon's default; optax's
+            is 0). Default: ``1e-15``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adam()
+        >>> opt
+        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15)
+        >>> u, state = opt.update({"w": jnp.array([0.3, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"]  # the first step is sign(g), up to eps
+        Array([ 1., -1.], dtype=float32)
+
+    References:
+        Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
+        https://arxiv.org/abs/1412.6980
+    """
+    call = "scale_by_adam"
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    return stateful(_adam_like_init, _apply_scale_by_adam, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+
+
+# --------------------------------------------------------------------------
+# AdaBelief
+
+
+def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def leaf(g, m, s):
+        m = moment(b1, m, g)
+        s = moment(b2, s, jnp.square(g - m)) + eps_root
+        return (m / c1) / (jnp.sqrt(s / c2) + eps), m, s
+
+    return _adam_like_update("scale_by_belief", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_belief(b1=0.9, b2=0.999, eps=0.0, eps_root=1e-16, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief.
+
+    Update rule, as in the paper (Polaris instead uses Adam's ``g²`` for ``s``)::
+
+        m ← b1·m + (1-b1)·g          s ← b2·s + (1-b2)·(g - m)² + eps_root
+        u = m̂ / (sqrt(ŝ) + eps),  m̂ = m/(1-b1^t),  ŝ = s/(1-b2^t)
+
+    Args:
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the belief term, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``0.0``.
+        eps_root: added to ``s`` at every step, >= 0. Default: ``1e-16``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu`` (the belief ``s``). Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_belief()
+        >>> u, _ = opt.update({"w": jnp.array([0.5])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # m̂ = 0.5, ŝ = (0.5 - 0.05)²: 0.5/0.45 up to float32 rounding
+        Array([1.1111], dtype=float32)
+
+    References:
+        Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the Belief
+        in Observed Gradients", NeurIPS 2020. https://arxiv.org/abs/2010.07468
+    """
+    call = "scale_by_belief"
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    return stateful(_adam_like_init, _apply_scale_by_belief, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+
+
+# --------------------------------------------------------------------------
+# RAdam
+
+
+def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, threshold):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+    t = count.astype(jnp.float32)
+    rho_inf = 2.0 / (1.0 - b2) - 1.0
+    rho = rho_inf - 2.0 * t * (1.0 - c2) / c2
+    # The rectifier is defined for rho > 4 only; a threshold below 4 must not
+    # take the square root of a negative number.
+    rectified = (rho >= threshold) & (rho > 4.0)
+    ratio = (rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho)
+    r = jnp.sqrt(jnp.where(rectified, ratio, 1.0))
+
+    def leaf(g, m, v):
+        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m_hat = m / c1
+        return jnp.where(rectified, r * m_hat / (jnp.sqrt(v / c2 + eps_root) + eps), m_hat), m, v
+
+    return _adam_like_update("scale_by_radam", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before.
+
+    Update rule, as in the paper (Polaris uses ``b1`` in ``ρ∞``)::
+
+        ρ∞ = 2/(1-b2) - 1,   ρt = ρ∞ - 2t·b2^t/(1-b2^t)
+        r = sqrt((ρt-4)(ρt-2)ρ∞ / ((ρ∞-4)(ρ∞-2)ρt))
+        u = r·m̂ / (sqrt(v̂ + eps_root) + eps)   if ρt >= threshold and ρt > 4
+        u = m̂                                    otherwise
+
+    Args:
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0. Default: ``0.0``.
+        threshold: ``ρt`` from which the rectified step is used; values below
+            4 act as 4. Default: ``5.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_radam()
+        >>> u, _ = opt.update({"w": jnp.array([0.5])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # ρ1 = 1 < 5: the bias-corrected momentum
+        Array([0.5], dtype=float32)
+
+    References:
+        Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
+        ICLR 2020. https://arxiv.org/abs/1908.03265
+    """
+    call = "scale_by_radam"
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
+                            threshold=check.real(call, "threshold", threshold))
+    return stateful(_adam_like_init, _apply_scale_by_radam, name=call, options=options,
+                    schedulable=("b1", "b2", "eps", "eps_root", "threshold"))
+
+
+# --------------------------------------------------------------------------
+# Yogi
+
+
+def _init_scale_by_yogi(params, *, initial_accumulator_value, mu_dtype, nu_dtype):
+    v0 = initial_accumulator_value
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, mu_fill=v0, nu_fill=v0)
+
+
+def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def leaf(g, m, v):
+        g2 = g * g
+        m, v = moment(b1, m, g), v - (1 - b2) * jnp.sign(v - g2) * g2
+        return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+
+    return _adam_like_update("scale_by_yogi", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_yogi(initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0, *,
+                  mu_dtype=None, nu_dtype=None):
+    """Scales updates by Yogi: Adam with an additive, sign-controlled second moment.
+
+    Update rule::
+
+        m ← b1·m + (1-b1)·g          v ← v - (1-b2)·sign(v - g²)·g²
+        u = m̂ / (sqrt(v̂ + eps_root) + eps)
+
+    Args:
+        initial_accumulator_value: initial value of ``m`` and ``v``, >= 0.
+            Default: ``1e-6``.
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: rate of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-3``.
+        eps_root: added inside the square root, >= 0. Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_yogi(initial_accumulator_value=0.0, eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([-3.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # from zero accumulators the first step is sign(g)
+        Array([-1.], dtype=float32)
+
+    References:
+        Zaheer et al., "Adaptive Methods for Nonconvex Optimization", NeurIPS
+        2018.
+    """
+    call = "scale_by_yogi"
+    options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
+                                                                initial_accumulator_value),
+                   **_adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype))
+    return stateful(_init_scale_by_yogi, _apply_scale_by_yogi, name=call, options=options,
+                    schedulable=("initial_accumulator_value", "b1", "b2", "eps", "eps_root"))
+
+
+# --------------------------------------------------------------------------
+# AMSGrad
+
+
+def _init_scale_by_amsgrad(params, *, mu_dtype, nu_dtype):
+    return ScaleByAmsgradState(mu=_tree.accumulators(params, mu_dtype), nu=_tree.accumulators(params, nu_dtype),
+                               nu_max=_tree.accumulators(params, nu_dtype), count=_tree.zero_count())
+
+
+def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def leaf(g, m, v, v_max):
+        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        v_max = jnp.maximum(v_max, v / c2)
+        return (m / c1) / (jnp.sqrt(v_max + eps_root) + eps), m, v, v_max
+
+    u, mu, nu, nu_max = per_leaf("scale_by_amsgrad", leaf, (updates, state.mu, state.nu, state.nu_max),
+                                 ("updates", "state.mu", "state.nu", "state.nu_max"))
+    return u, ScaleByAmsgradState(mu=mu, nu=nu, nu_max=nu_max, count=count)
+
+
+@combinator
+def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by AMSGrad: Adam whose second moment never decreases.
+
+    Update rule, as optax (t counts from 1)::
+
+        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
+        v_max ← max(v_max, v/(1-b2^t))
+        u = m̂ / (sqrt(v_max + eps_root) + eps),  m̂ = m/(1-b1^t)
+
+    The paper's Algorithm 2 has no bias correction; optax (and updax) keep
+    Adam's, with the maximum taken over the bias-corrected ``v``.
+
+    Args:
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0 (optax's default).
+            Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu`` and ``nu_max``, as ``mu_dtype``.
+            Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAmsgradState(mu, nu, nu_max, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_amsgrad(b1=0.0, b2=0.5, eps=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> _, state = opt.update({"w": jnp.array([4.0])}, state)
+        >>> u, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u["w"]  # v̂ = 4.5/0.75 = 6 < v_max = 16: 1/sqrt(16)
+        Array([0.25], dtype=float32)
+
+    References:
+        Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018.
+        https://openreview.net/forum?id=ryQu7f-RZ
+    """
+    call = "scale_by_amsgrad"
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    return stateful(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, name=call, options=options,
+                    schedulable=_ADAM_SCHEDULABLE)
+
+
+# --------------------------------------------------------------------------
+# AdaMax
+
+
+def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
+    count = _tree.safe_increment(state.count)
+    (c1,) = bias_corrections(count, b1)
+
+    def leaf(g, m, v):
+        m, v = moment(b1, m, g), jnp.maximum(jnp.abs(g) + eps, b2 * v)
+        return (m / c1) / v, m, v
+
+    return _adam_like_update("scale_by_adamax", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by AdaMax: Adam with an infinity-norm second moment.
+
+    Update rule, as optax (t counts from 1; the paper has no ``eps``)::
+
+        m ← b1·m + (1-b1)·g          v ← max(|g| + eps, b2·v)
+        u = m̂ / v,  m̂ = m/(1-b1^t)
+
+    Args:
+        b1: decay of the first moment, in [0, 1); the paper's value.
+            Default: ``0.9``.
+        b2: decay of the infinity norm, in [0, 1); the paper's value.
+            Default: ``0.999``.
+        eps: added to ``|g|`` inside the maximum, >= 0 (optax's default); with
+            0, a zero update before any non-zero one divides 0 by 0.
+            Default: ``1e-8``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``;
+        ``nu`` holds the infinity norm.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adamax(b1=0.5, b2=0.5, eps=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> _, state = opt.update({"w": jnp.array([4.0])}, state)
+        >>> u, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u["w"]  # m̂ = 1.5/0.75 = 2, v = max(|1|, 0.5·4) = 2
+        Array([1.], dtype=float32)
+
+    References:
+        Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
+        Section 7.1 and Algorithm 2. https://arxiv.org/abs/1412.6980
+    """
+    call = "scale_by_adamax"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                   eps=check.nonnegative(call, "eps", eps),
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    return stateful(_adam_like_init, _apply_scale_by_adamax, name=call, options=options,
+                    schedulable=("b1", "b2", "eps"))
+
+
+# --------------------------------------------------------------------------
+# NAdam
+
+
+def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+    (c1_next,) = bias_corrections(_tree.safe_increment(count), b1)
+
+    def leaf(g, m, v):
+        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m_hat = b1 * m / c1_next + (1 - b1) * g / c1
+        return m_hat / (jnp.sqrt(v / c2 + eps_root) + eps), m, v
+
+    return _adam_like_update("scale_by_nadam", leaf, updates, state, count)
+
+
+@combinator
+def scale_by_nadam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by NAdam: Adam with a Nesterov look-ahead first moment.
+
+    Update rule, as optax's ``scale_by_adam(nesterov=True)`` (t counts from 1)::
+
+        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
+        m̂ = b1·m/(1-b1^(t+1)) + (1-b1)·g/(1-b1^t),  v̂ = v/(1-b2^t)
+        u = m̂ / (sqrt(v̂ + eps_root) + eps)
+
+    Dozat's Algorithm 2 lets the momentum follow a schedule ``μ_t`` and
+    multiplies ``v̂`` by ``b2``; optax (and updax) use a constant ``b1`` and
+    Adam's ``v̂``.
+
+    Args:
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0 (optax's default).
+            Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_nadam(eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([0.3, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"]  # the first step is (1 + b1/(1+b1))·sign(g)
+        Array([ 1.4737, -1.4737], dtype=float32)
+
+    References:
+        Dozat, "Incorporating Nesterov Momentum into Adam", ICLR 2016
+        workshop. https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
+    """
+    call = "scale_by_nadam"
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    return stateful(_adam_like_init, _apply_scale_by_nadam, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+
+
+# --------------------------------------------------------------------------
+# Adan
+
+
+def _init_scale_by_adan(params, *, mu_dtype, nu_dtype):
+    return ScaleByAdanState(mu=_tree.accumulators(params, mu_dtype), mu_diff=_tree.accumulators(params, mu_dtype),
+                            nu=_tree.accumulators(params, nu_dtype), prev_grads=_tree.accumulators(params, None),
+                            count=_tree.zero_count())
+
+
+def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2, c3 = bias_corrections(count, b1, b2, b3)
+    first = count == 1
+
+    def leaf(g, m, d, n, g_prev):
+        diff = jnp.where(first, 0.0, g - g_prev)
+        m, d = moment(b1, m, g), moment(b2, d, diff)
+        look_ahead = g + b2 * diff
+        n = moment(b3, n, look_ahead * look_ahead)
+        return (m / c1 + b2 * d / c2) / (jnp.sqrt(n / c3 + eps_root) + eps), m, d, n, g
+
+    u, mu, mu_diff, nu, prev = per_leaf(
+        "scale_by_adan", leaf, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),
+        ("updates", "state.mu", "state.mu_diff", "state.nu", "state.prev_grads"))
+    return u, ScaleByAdanState(mu=mu, mu_diff=mu_diff, nu=nu, prev_grads=prev, count=count)
+
+
+@combinator
+def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by Adan: adaptive Nesterov momentum from gradient differences.
+
+    Update rule, with the decays written as in the authors' code (the paper's
+    ``β`` is ``1 - b``); ``Δ = g - g_prev``, 0 on the first step::
+
+        m ← b1·m + (1-b1)·g       d ← b2·d + (1-b2)·Δ
+        n ← b3·n + (1-b3)·(g + b2·Δ)²
+        u = (m̂ + b2·d̂) / (sqrt(n̂ + eps_root) + eps),  x̂ = x/(1-b^t)
+
+    The gradient-difference terms are weighted by ``b2`` (the paper's
+    ``1 - β2``), as in the paper and the authors' code; optax 0.2.8 weights
+    them by ``1 - b2``. The two agree only when ``b2 = 0.5``.
+
+    Args:
+        b1: decay of the first moment, in [0, 1) (the paper's ``1 - β1``).
+            Default: ``0.98``.
+        b2: decay of the gradient-difference moment, in [0, 1) (``1 - β2``).
+            Default: ``0.92``.
+        b3: decay of the second moment, in [0, 1) (``1 - β3``).
+            Default: ``0.99``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0
+            (``optax.scale_by_adan``'s default). Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu`` and ``mu_diff``; None keeps the
+            params' dtype but at least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state
+        ``ScaleByAdanState(mu, mu_diff, nu, prev_grads, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adan(b1=0.5, b2=0.5, b3=0.5, eps=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> _, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u, state = opt.update({"w": jnp.array([3.0])}, state)
+        >>> u["w"]  # Δ = 2: m̂ = 1.75/0.75, d̂ = 1/0.75, n̂ = (0.25 + 0.5·4²)/0.75: 3/sqrt(11)
+        Array([0.9045], dtype=float32)
+
+    References:
+        Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for Faster
+        Optimizing Deep Models", IEEE TPAMI 2024, Algorithm 1.
+        https://arxiv.org/abs/2208.06677
+    """
+    call = "scale_by_adan"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2), b3=check.unit(call, "b3", b3),
+                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    return stateful(_init_scale_by_adan, _apply_scale_by_adan, name=call, options=options,
+                    schedulable=("b1", "b2", "b3", "eps", "eps_root"))

@@ -1,0 +1,77 @@
+"""A fused execution path for LAMB: Adam, then decoupled weight decay, then the trust ratio.
+
+Run one by one, the update ``u`` that Adam produces feeds both the per-leaf
+norm of the trust ratio and the rescaling, so XLA stores all of it in
+between. This path gives the same numbers without that temporary where it
+pays (see :func:`_run_adam_then_trust_ratio`); ``tests/test_fused.py``
+checks it against the stage-by-stage computation.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+
+from updax import _tree
+from updax._fused import register_fused_path
+from updax.updates._kernels import adam_direction, bias_corrections, trust_ratios, trust_scaled
+
+#: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
+RECOMPUTE_MIN_SHARED = 16
+#: ... and it has at most this many elements (see _run_adam_then_trust_ratio).
+RECOMPUTE_MAX_SIZE = 2**20
+
+
+def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
+    """LAMB's stages without a full-size temporary for the update the trust ratio measures.
+
+    Run one by one, the update ``u`` feeds both the per-leaf norm and the
+    rescaling, so XLA stores all of it in between. Here the norms are taken
+    from ``u`` as usual, and the update that gets rescaled is recomputed from
+    the new moments and the params (the same arithmetic) behind an
+    optimization barrier, so XLA streams ``mu``, ``nu`` and the params once
+    more instead of writing and reading ``u``.
+
+    The recomputation has a cost of its own: XLA's reduction kernel writes its
+    broadcast scalars out, once per distinct leaf shape. So it pays where many
+    leaves share a shape, as the layers of a deep model do. Measured on a
+    2-core CPU (step time against storing ``u``): 2.0x with 1 leaf per shape,
+    1.5x with 2, 1.3x with 4, 0.94x with 8 (leaves of 2^16 elements); 0.75-0.87x
+    with 32 to 1024 leaves per shape of 2^14 to 2^19 elements, 0.63x with 16
+    of 2^20, 1.17x with 4 of 2^22. Leaves outside ``RECOMPUTE_MIN_SHARED`` /
+    ``RECOMPUTE_MAX_SIZE`` keep the stored ``u``, and when none qualifies this
+    is the ordinary path. Moments stored narrower than they are computed in
+    would round differently, so those take the ordinary path too.
+    """
+    adam, *middle, trust = stages
+
+    def through_middle(u, params):  # the stateless stages between Adam and the trust ratio
+        for stage, state in zip(middle, states[1:-1]):
+            u, _ = stage.apply(u, state, params, extra)
+        return u
+
+    u, adam_state = adam.apply(updates, states[0], params, extra)
+    u = through_middle(u, params)
+    new_states = (adam_state, *states[1:])
+    shared = collections.Counter((x.shape, x.dtype) for x in jax.tree.leaves(u))
+
+    def recompute(x):
+        return shared[(x.shape, x.dtype)] >= RECOMPUTE_MIN_SHARED and x.size <= RECOMPUTE_MAX_SIZE
+
+    narrowed = any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype) for g, m, v in
+                   zip(jax.tree.leaves(updates), jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)))
+    if narrowed or not any(recompute(x) for x in jax.tree.leaves(u)):
+        return trust.apply(u, states[-1], params, extra)[0], new_states
+    ratios = trust_ratios(u, params, **{k: trust.option(k) for k, _ in trust.options})
+    b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
+    c1, c2 = bias_corrections(adam_state.count, b1, b2)
+    mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
+    again = jax.tree.map(lambda g, m, v: adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
+    again = through_middle(again, p)
+    scaled = jax.tree.map(lambda u, again, r: trust_scaled(again if recompute(u) else u, r), u, again, ratios)
+    return scaled, new_states
+
+
+register_fused_path(("scale_by_adam", "add_decayed_weights", "scale_by_trust_ratio"), _run_adam_then_trust_ratio)
+register_fused_path(("scale_by_adam", "scale_by_trust_ratio"), _run_adam_then_trust_ratio)

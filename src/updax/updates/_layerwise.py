@@ -1,0 +1,156 @@
+"""The layer-wise family: each leaf (a layer) scaled by a statistic of the whole leaf.
+
+The trust ratio of LARS and LAMB, and NovoGrad's layer-wise second moment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._update import Update
+from updax.updates._kernels import per_leaf, trust_ratios, trust_scaled
+
+
+class ScaleByNovogradState(NamedTuple):
+    """Momentum of the normalized updates ``mu``, one scalar second moment per leaf ``nu``, steps taken ``count``."""
+
+    mu: Any
+    nu: Any
+    count: jax.Array
+
+
+# --------------------------------------------------------------------------
+# The trust ratio
+
+
+def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient, eps):
+    ratios = trust_ratios(updates, params, min_norm, trust_coefficient, eps)
+    return jax.tree.map(trust_scaled, updates, ratios)
+
+
+@combinator
+def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0):
+    """Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB).
+
+    Update rule, per leaf: ``u ← u · c·‖p‖ / (‖u‖ + eps)`` with both norms
+    floored at ``min_norm``; the ratio is 1 when either norm is 0.
+
+    Args:
+        min_norm: floor of both norms, >= 0. Default: ``0.0``.
+        trust_coefficient: the factor ``c``. Default: ``1.0``.
+        eps: added to the update norm, >= 0. Default: ``0.0``.
+
+    Returns:
+        A stateless update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_trust_ratio()
+        >>> params = {"w": jnp.array([3.0, 4.0])}
+        >>> opt.update({"w": jnp.array([0.1, 0.0])}, opt.init(params), params)[0]["w"]  # ·5/0.1
+        Array([5., 0.], dtype=float32)
+
+    References:
+        You et al., "Large Batch Optimization for Deep Learning: Training BERT
+        in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
+    """
+    call = "scale_by_trust_ratio"
+    options = dict(min_norm=check.nonnegative(call, "min_norm", min_norm),
+                   trust_coefficient=check.real(call, "trust_coefficient", trust_coefficient),
+                   eps=check.nonnegative(call, "eps", eps))
+    return stateless(_apply_scale_by_trust_ratio, name=call, options=options, needs_params=True,
+                     schedulable=("min_norm", "trust_coefficient", "eps"))
+
+
+# --------------------------------------------------------------------------
+# NovoGrad
+
+
+def _init_scale_by_novograd(params, *, mu_dtype):
+    nu = jax.tree.map(lambda p: jnp.zeros([], _tree.compute_dtype(jnp.asarray(p).dtype)), params)
+    return ScaleByNovogradState(mu=_tree.accumulators(params, mu_dtype), nu=nu, count=_tree.zero_count())
+
+
+def _apply_scale_by_novograd(updates, state, params, *, b1, b2, eps, eps_root, decay):
+    count = _tree.safe_increment(state.count)
+    # The first step sets both moments from the step itself rather than decaying zeros.
+    first = count == 1
+    b1_t, b2_t = jnp.where(first, 0.0, b1), jnp.where(first, 0.0, b2)
+
+    def leaf(g, m, v, p=None):
+        d1, d2 = b1_t.astype(g.dtype), b2_t.astype(g.dtype)
+        v = d2 * v + (1 - d2) * jnp.sum(g * g)
+        step = g / (jnp.sqrt(v + eps_root) + eps)
+        if p is not None:
+            step = step + decay * p
+        m = d1 * m + step
+        return m, m, v
+
+    trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
+    if params is not None:
+        trees, names = trees + (params,), names + ("params",)
+    u, mu, nu = per_leaf("scale_by_novograd", leaf, trees, names, n_out=3)
+    return u, ScaleByNovogradState(mu=mu, nu=nu, count=count)
+
+
+def _is_zero(value) -> bool:
+    """True for a concrete 0 (already checked to be a real scalar); schedules and tracers may not be 0."""
+    return not (callable(value) or isinstance(value, jax.core.Tracer)) and float(value) == 0.0
+
+
+@combinator
+def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, decay=0.0, *, mu_dtype=None):
+    """Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment.
+
+    Update rule, per leaf (layer) ``l``; on the first step ``v`` and ``m``
+    start from the step itself (``b1``, ``b2`` act as 0)::
+
+        v_l ← b2·v_l + (1-b2)·‖g_l‖²                      (a scalar per leaf)
+        m_l ← b1·m_l + g_l / (sqrt(v_l + eps_root) + eps) + decay·p_l
+        u_l = m_l
+
+    Args:
+        b1: decay of the momentum, in [0, 1) (optax's default; the paper tunes
+            it per task). Default: ``0.9``.
+        b2: decay of the layer-wise second moment, in [0, 1) (optax's
+            default). Default: ``0.25``.
+        eps: added to the denominator, >= 0 (``optax.scale_by_novograd``'s
+            default; ``optax.novograd`` passes 1e-6). Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0. Default: ``0.0``.
+        decay: the decoupled weight-decay rate ``d``, any real number;
+            when it is not 0, ``update`` needs ``params``. Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. ``nu`` holds one scalar per leaf, at least float32.
+            Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByNovogradState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_novograd(eps=0.0)
+        >>> u, state = opt.update({"w": jnp.array([3.0, 4.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"], opt.get_state(state, "scale_by_novograd.nu")["w"]  # g / ‖g‖, v = ‖g‖²
+        (Array([0.6, 0.8], dtype=float32), Array(25., dtype=float32))
+
+    References:
+        Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive
+        Moments for Training of Deep Networks", 2019, Algorithm 1.
+        https://arxiv.org/abs/1905.11286
+    """
+    call = "scale_by_novograd"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
+                   decay=check.real(call, "decay", decay),
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
+    return stateful(_init_scale_by_novograd, _apply_scale_by_novograd, name=call, options=options,
+                    needs_params=not _is_zero(options["decay"]), schedulable=("b1", "b2", "eps", "eps_root", "decay"))

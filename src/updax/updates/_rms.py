@@ -1,0 +1,274 @@
+"""The second-moment family: updates scaled by a running average or sum of their squares.
+
+RMSProp (plain and centred), AdaGrad and AdaDelta.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._update import Update
+from updax.updates._kernels import moment, per_leaf
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByRmsState(NamedTuple):
+    """EMA of squared updates ``nu``."""
+
+    nu: Any
+
+
+class ScaleByRssState(NamedTuple):
+    """Running sum of squared updates."""
+
+    sum_of_squares: Any
+
+
+class ScaleByStddevState(NamedTuple):
+    """EMAs of the updates ``mu`` and of their squares ``nu``."""
+
+    mu: Any
+    nu: Any
+
+
+class ScaleByAdadeltaState(NamedTuple):
+    """EMAs of the squared incoming updates and of the squared outgoing steps."""
+
+    avg_sq_grad: Any
+    avg_sq_step: Any
+
+
+# --------------------------------------------------------------------------
+# RMSProp
+
+
+def _init_scale_by_rms(params, *, initial_scale, nu_dtype):
+    return ScaleByRmsState(nu=_tree.accumulators(params, nu_dtype, initial_scale))
+
+
+def _apply_scale_by_rms(updates, state, params, *, decay, eps):
+    def leaf(g, v):
+        v = moment(decay, v, g * g)
+        return g * jax.lax.rsqrt(v + eps), v
+
+    u, nu = per_leaf("scale_by_rms", leaf, (updates, state.nu), ("updates", "state.nu"))
+    return u, ScaleByRmsState(nu=nu)
+
+
+@combinator
+def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, *, nu_dtype=None):
+    """Scales updates by the root of an EMA of their squares (RMSProp).
+
+    Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``.
+
+    Args:
+        decay: EMA decay, in [0, 1). Default: ``0.9``.
+        eps: added inside the square root, > 0 keeps the first steps finite.
+            Default: ``1e-8``.
+        initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
+        nu_dtype: storage dtype of ``nu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByRmsState(nu)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_rms(decay=0.75, eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # 2 / sqrt(0.25·4)
+        Array([2.], dtype=float32)
+
+    References:
+        Tieleman & Hinton, "Lecture 6.5 - RMSProp", COURSERA: Neural Networks
+        for Machine Learning, 2012.
+    """
+    call = "scale_by_rms"
+    options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
+                   initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    return stateful(_init_scale_by_rms, _apply_scale_by_rms, name=call, options=options,
+                    schedulable=("decay", "eps", "initial_scale"))
+
+
+# --------------------------------------------------------------------------
+# Centred RMSProp
+
+
+def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype):
+    return ScaleByStddevState(mu=_tree.accumulators(params, mu_dtype),
+                              nu=_tree.accumulators(params, nu_dtype, initial_scale))
+
+
+def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
+    def leaf(g, m, v):
+        m, v = moment(decay, m, g), moment(decay, v, g * g)
+        return g * jax.lax.rsqrt(v - m * m + eps), m, v
+
+    u, mu, nu = per_leaf("scale_by_stddev", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByStddevState(mu=mu, nu=nu)
+
+
+@combinator
+def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, *, mu_dtype=None, nu_dtype=None):
+    """Scales updates by the root of the centred EMA of their squares (centred RMSProp).
+
+    Update rule::
+
+        m ← decay·m + (1-decay)·g     v ← decay·v + (1-decay)·g²
+        u = g / sqrt(v - m² + eps)
+
+    Args:
+        decay: EMA decay, in [0, 1). Default: ``0.9``.
+        eps: added inside the square root, >= 0. Default: ``1e-8``.
+        initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByStddevState(mu, nu)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_stddev(decay=0.5, eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # m = 1, v = 2: 2 / sqrt(2 - 1)
+        Array([2.], dtype=float32)
+
+    References:
+        Graves, "Generating Sequences With Recurrent Neural Networks", 2013,
+        eq. 38-45. https://arxiv.org/abs/1308.0850
+    """
+    call = "scale_by_stddev"
+    options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
+                   initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    return stateful(_init_scale_by_stddev, _apply_scale_by_stddev, name=call, options=options,
+                    schedulable=("decay", "eps", "initial_scale"))
+
+
+# --------------------------------------------------------------------------
+# AdaGrad
+
+
+def _init_scale_by_rss(params, *, initial_accumulator_value, accumulator_dtype):
+    return ScaleByRssState(sum_of_squares=_tree.accumulators(params, accumulator_dtype, initial_accumulator_value))
+
+
+def _apply_scale_by_rss(updates, state, params, *, eps):
+    def leaf(g, s):
+        s = s + g * g
+        return g * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0), s
+
+    u, sos = per_leaf("scale_by_rss", leaf, (updates, state.sum_of_squares), ("updates", "state.sum_of_squares"))
+    return u, ScaleByRssState(sum_of_squares=sos)
+
+
+@combinator
+def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7, *, accumulator_dtype=None):
+    """Scales updates by the root of the sum of all their squares so far (AdaGrad).
+
+    Update rule: ``s ← s + g²;  u = g / sqrt(s + eps)`` (0 where ``s = 0``).
+
+    Args:
+        initial_accumulator_value: initial value of ``s``, >= 0. Default: ``0.1``.
+        eps: added inside the square root, >= 0. Default: ``1e-7``.
+        accumulator_dtype: storage dtype of ``s``; None keeps the params' dtype
+            but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByRssState(sum_of_squares)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_rss(initial_accumulator_value=0.0, eps=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> _, state = opt.update({"w": jnp.array([3.0])}, state)
+        >>> opt.update({"w": jnp.array([4.0])}, state)[0]["w"]  # 4 / sqrt(9 + 16)
+        Array([0.8], dtype=float32)
+
+    References:
+        Duchi et al., "Adaptive Subgradient Methods for Online Learning and
+        Stochastic Optimization", JMLR 2011.
+    """
+    call = "scale_by_rss"
+    options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
+                                                                initial_accumulator_value),
+                   eps=check.nonnegative(call, "eps", eps),
+                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_scale_by_rss, _apply_scale_by_rss, name=call, options=options,
+                    schedulable=("initial_accumulator_value", "eps"))
+
+
+# --------------------------------------------------------------------------
+# AdaDelta
+
+
+def _init_scale_by_adadelta(params, *, accumulator_dtype):
+    return ScaleByAdadeltaState(avg_sq_grad=_tree.accumulators(params, accumulator_dtype),
+                                avg_sq_step=_tree.accumulators(params, accumulator_dtype))
+
+
+def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
+    def leaf(g, eg, ex):
+        eg = moment(rho, eg, g * g)
+        u = jnp.sqrt(ex + eps) / jnp.sqrt(eg + eps) * g
+        return u, eg, moment(rho, ex, u * u)
+
+    u, eg, ex = per_leaf("scale_by_adadelta", leaf, (updates, state.avg_sq_grad, state.avg_sq_step),
+                         ("updates", "state.avg_sq_grad", "state.avg_sq_step"))
+    return u, ScaleByAdadeltaState(avg_sq_grad=eg, avg_sq_step=ex)
+
+
+@combinator
+def scale_by_adadelta(rho=0.9, eps=1e-6, *, accumulator_dtype=None):
+    """Scales updates by AdaDelta: the RMS of past steps over the RMS of updates.
+
+    Update rule (``u`` is a direction: follow it with a negative scale)::
+
+        E[g²] ← rho·E[g²] + (1-rho)·g²
+        u = sqrt(E[Δ²] + eps) / sqrt(E[g²] + eps) · g
+        E[Δ²] ← rho·E[Δ²] + (1-rho)·u²
+
+    Args:
+        rho: decay of both averages, in [0, 1) (optax's and PyTorch's default;
+            the paper's experiments use 0.95). Default: ``0.9``.
+        eps: added inside both square roots, > 0 (with 0 no step is ever
+            taken); the paper's value. Default: ``1e-6``.
+        accumulator_dtype: storage dtype of both averages; None keeps the
+            params' dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdadeltaState(avg_sq_grad, avg_sq_step)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adadelta(rho=0.5, eps=1.0)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # sqrt(0 + 1) / sqrt(0.5·4 + 1) · 2
+        Array([1.1547], dtype=float32)
+
+    References:
+        Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012,
+        Algorithm 1. https://arxiv.org/abs/1212.5701
+    """
+    call = "scale_by_adadelta"
+    options = dict(rho=check.unit(call, "rho", rho), eps=check.positive(call, "eps", eps),
+                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    return stateful(_init_scale_by_adadelta, _apply_scale_by_adadelta, name=call, options=options,
+                    schedulable=("rho", "eps"))

@@ -1,0 +1,208 @@
+"""The sign family: steps that keep the sign of the update and choose their own magnitude.
+
+signSGD, Lion (the sign of an interpolated momentum) and Rprop (a per-element
+step size adapted to sign agreement).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._update import Update
+from updax.updates._kernels import moment, per_leaf
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByLionState(NamedTuple):
+    """EMA of the updates ``mu`` (the rule needs no step count)."""
+
+    mu: Any
+
+
+class ScaleByRpropState(NamedTuple):
+    """Per-element step sizes, and the last step taken (0 where the sign flipped)."""
+
+    step_sizes: Any
+    prev_steps: Any
+
+
+# --------------------------------------------------------------------------
+# Sign
+
+
+def _apply_scale_by_sign(updates, params):
+    return jax.tree.map(lambda g: jnp.sign(g.astype(_tree.compute_dtype(g.dtype))).astype(g.dtype), updates)
+
+
+@combinator
+def scale_by_sign():
+    """Replaces each update by its sign (signSGD; after an EMA, signum).
+
+    Update rule: ``u = sign(g)``, with ``sign(0) = 0``.
+
+    Returns:
+        A stateless update object.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_sign()
+        >>> opt.update({"w": jnp.array([0.3, -2.0, 0.0])}, opt.init(None))[0]["w"]
+        Array([ 1., -1.,  0.], dtype=float32)
+
+    References:
+        Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex
+        Problems", ICML 2018. https://arxiv.org/abs/1802.04434
+    """
+    return stateless(_apply_scale_by_sign, name="scale_by_sign")
+
+
+# --------------------------------------------------------------------------
+# Lion
+
+
+def _init_scale_by_lion(params, *, mu_dtype):
+    return ScaleByLionState(mu=_tree.accumulators(params, mu_dtype))
+
+
+def _apply_scale_by_lion(updates, state, params, *, b1, b2):
+    def leaf(g, m):
+        return jnp.sign(moment(b1, m, g)), moment(b2, m, g)  # the sign uses the old m
+
+    u, mu = per_leaf("scale_by_lion", leaf, (updates, state.mu), ("updates", "state.mu"))
+    return u, ScaleByLionState(mu=mu)
+
+
+@combinator
+def scale_by_lion(b1=0.9, b2=0.99, *, mu_dtype=None):
+    """Scales updates to the sign of an interpolation of momentum and update (Lion).
+
+    Update rule (the sign uses the old ``m``; ``m`` is updated after)::
+
+        u = sign(b1·m + (1-b1)·g)
+        m ← b2·m + (1-b2)·g
+
+    Args:
+        b1: weight of the momentum in the interpolation, in [0, 1); the
+            paper's value. Default: ``0.9``.
+        b2: decay of the momentum, in [0, 1); the paper's value. Default: ``0.99``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByLionState(mu)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_lion()
+        >>> opt
+        scale_by_lion(b1=0.9, b2=0.99)
+        >>> u, state = opt.update({"w": jnp.array([0.5, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"], opt.get_state(state, "scale_by_lion.mu")["w"]  # m = 0.01·g
+        (Array([ 1., -1.], dtype=float32), Array([ 0.005, -0.02 ], dtype=float32))
+
+    References:
+        Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
+        2023, Algorithm 2. https://arxiv.org/abs/2302.06675
+    """
+    call = "scale_by_lion"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
+    return stateful(_init_scale_by_lion, _apply_scale_by_lion, name=call, options=options, schedulable=("b1", "b2"))
+
+
+# --------------------------------------------------------------------------
+# Rprop
+
+
+def _init_scale_by_rprop(params, *, learning_rate):
+    return ScaleByRpropState(step_sizes=_tree.accumulators(params, None, learning_rate),
+                             prev_steps=_tree.accumulators(params, None))
+
+
+def _apply_scale_by_rprop(updates, state, params, *, eta_minus, eta_plus, min_step_size, max_step_size):
+    def leaf(g, s, prev):
+        agree = jnp.sign(g) * jnp.sign(prev)
+        grown = jnp.minimum(s * eta_plus, max_step_size)
+        shrunk = jnp.maximum(s * eta_minus, min_step_size)
+        s = jnp.where(agree > 0, grown, jnp.where(agree < 0, shrunk, s))
+        step = jnp.where(agree < 0, 0.0, s * jnp.sign(g))
+        return step, s, step
+
+    u, sizes, prev = per_leaf("scale_by_rprop", leaf, (updates, state.step_sizes, state.prev_steps),
+                              ("updates", "state.step_sizes", "state.prev_steps"))
+    return u, ScaleByRpropState(step_sizes=sizes, prev_steps=prev)
+
+
+@combinator
+def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6, max_step_size=50.0):
+    """Scales updates by Rprop: a per-element step size adapted to sign agreement (iRprop-).
+
+    Update rule, per element (iRprop-: on a sign change the step is skipped,
+    where the original Rprop backtracks). ``u`` is a direction: follow it with
+    a negative scale::
+
+        s = sign(g)·sign(u_prev)
+        Δ ← min(Δ·eta_plus, max_step_size)    if s > 0
+        Δ ← max(Δ·eta_minus, min_step_size)   if s < 0
+        u = 0 if s < 0 else Δ·sign(g);         u_prev ← u
+
+    ``u`` is this step's update, as in the paper and PyTorch's ``Rprop``;
+    optax 0.2.8 returns the previous step's (0 on the first step).
+
+    Args:
+        learning_rate: the initial step size ``Δ₀``, > 0 (the paper uses 0.1).
+            No default.
+        eta_minus: step-size factor on a sign change, in (0, 1]; the paper's
+            value. Default: ``0.5``.
+        eta_plus: step-size factor on agreeing signs, >= 1; the paper's value.
+            Default: ``1.2``.
+        min_step_size: the smallest step size, >= 0; the paper's value.
+            Default: ``1e-6``.
+        max_step_size: the largest step size, >= ``min_step_size``; the
+            paper's value. Default: ``50.0``.
+
+    Returns:
+        An update object with state ``ScaleByRpropState(step_sizes, prev_steps)``
+        (at least float32).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_rprop(0.1)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> for g in (1.0, 3.0, -2.0, -2.0):
+        ...     u, state = opt.update({"w": jnp.array([g])}, state)
+        ...     print(u["w"])
+        [0.1]
+        [0.12]
+        [0.]
+        [-0.06]
+
+    References:
+        Riedmiller & Braun, "A Direct Adaptive Method for Faster
+        Backpropagation Learning: The RPROP Algorithm", ICNN 1993; Igel &
+        Hüsken, "Empirical evaluation of the improved Rprop learning
+        algorithms", Neurocomputing 50, 2003.
+    """
+    call = "scale_by_rprop"
+    options = dict(learning_rate=check.positive(call, "learning_rate", learning_rate),
+                   eta_minus=check.real(call, "eta_minus", eta_minus, 0.0, 1.0, lo_open=True),
+                   eta_plus=check.real(call, "eta_plus", eta_plus, 1.0),
+                   min_step_size=check.nonnegative(call, "min_step_size", min_step_size),
+                   max_step_size=check.nonnegative(call, "max_step_size", max_step_size))
+    low, high = options["min_step_size"], options["max_step_size"]
+    if isinstance(low, float) and isinstance(high, float) and high < low:
+        raise ValueError(f"{call}(max_step_size={high!r}): max_step_size must be >= min_step_size={low!r}")
+    return stateful(_init_scale_by_rprop, _apply_scale_by_rprop, name=call, options=options,
+                    schedulable=("learning_rate", "eta_minus", "eta_plus", "min_step_size", "max_step_size"))
