@@ -285,3 +285,9 @@ def test_schedule_free_warmup_rises_linearly_then_holds():
         _, state = opt.update({"w": jnp.ones(2)}, state, params)
         used.append(float(opt.get_state(state, "schedule_free/scale_by_learning_rate.learning_rate")))
     np.testing.assert_allclose(used, [0.0, 0.0025, 0.005, 0.0075, 0.01, 0.01], rtol=1e-6)
+
+
+def test_schedule_free_adamw_warms_up_to_a_number_only():
+    with pytest.raises(TypeError, match=r"schedule_free_adamw\(learning_rate=.*\): learning_rate must be a real number"):
+        O.schedule_free_adamw(lambda count: 0.01, warmup_steps=10)
+    assert O.schedule_free_adamw(lambda count: 0.01).stages[0].scheduled == {"learning_rate"}

@@ -16,6 +16,8 @@ P = ParamSpec("P")
 _RESERVED = frozenset({"init", "update", "pipe", "get_state", "replace_state", "stages"})
 
 _REGISTRY: dict[str, Callable[..., Update]] = {}
+#: The registered wrappers' names (their factory takes the parent pipeline first).
+_WRAPPERS: set[str] = set()
 
 
 class Combinator(Protocol[P]):
@@ -28,9 +30,9 @@ class Combinator(Protocol[P]):
     def __call__(self, parent: Update, /, *args: P.args, **kwargs: P.kwargs) -> Update: ...
 
 
-def registered() -> dict[str, Callable[..., Update]]:
-    """The registered combinators by name (a copy)."""
-    return dict(_REGISTRY)
+def registered() -> dict[str, tuple[Callable[..., Update], bool]]:
+    """The registered combinators by name, each with whether it is a wrapper (a copy)."""
+    return {name: (build, name in _WRAPPERS) for name, build in _REGISTRY.items()}
 
 
 @overload
@@ -127,6 +129,7 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
         functools.update_wrapper(method, factory)
         setattr(Update, fname, method)
         _REGISTRY[fname] = build
+        (_WRAPPERS.add if wraps else _WRAPPERS.discard)(fname)
         return build
 
     return register if factory is None else register(factory)

@@ -118,7 +118,7 @@ class Frozen:
     def __hash__(self) -> int:
         return hash(self._key)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (Frozen, (self.tree,))
 
     def __repr__(self) -> str:

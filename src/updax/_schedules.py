@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from updax import _validate as check
 from updax._options import format_value, key_of
+from updax._typing import ArrayLike, Scalar, ScheduleLike
 
 __all__ = [
     "Schedule",
@@ -77,43 +80,43 @@ class Schedule:
     _static: tuple[str, ...] = ()
     _fields: tuple[str, ...] = ()
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._fields = tuple(inspect.signature(cls.__init__).parameters)[1:]
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_with_keys, functools.partial(_unflatten, cls), _flatten
         )
 
-    def _set(self, **options):
+    def _set(self, **options: Any) -> None:
         for name in self._fields:
             object.__setattr__(self, name, options[name])
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("schedules are immutable")
 
-    def __delattr__(self, name):
+    def __delattr__(self, name: str) -> None:
         raise AttributeError("schedules are immutable")
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         raise NotImplementedError
 
-    def _values(self):
+    def _values(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self._fields)
 
-    def _key(self):
+    def _key(self) -> tuple[Any, tuple[Any, ...]]:
         leaves, treedef = jax.tree.flatten(self)
         return treedef, tuple(key_of(leaf) for leaf in leaves)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self._key() == other._key()
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._key())
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return _restore, (type(self), self._values())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         shown = ", ".join(f"{k}={format_value(v)}" for k, v in zip(self._fields, self._values()) if v is not None)
         return f"{type(self).__name__}({shown})"
 
@@ -232,10 +235,12 @@ class constant(Schedule):
         Polaris.Schedules.constant.
     """
 
-    def __init__(self, init_value):
+    init_value: Scalar
+
+    def __init__(self, init_value: Scalar) -> None:
         self._set(init_value=check.number("constant", "init_value", init_value))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         return jnp.broadcast_to(_real(self.init_value), jnp.shape(count))
 
 
@@ -277,10 +282,17 @@ class exponential_decay(Schedule):
         Polaris.Schedules.exponential_decay.
     """
 
+    init_value: Scalar
+    decay_rate: Scalar
+    transition_steps: int
+    transition_begin: int
+    staircase: bool
+    end_value: Scalar | None
+
     _static = ("staircase",)
 
-    def __init__(self, init_value, *, decay_rate=0.95, transition_steps=10, transition_begin=0,
-                 staircase=False, end_value=None):
+    def __init__(self, init_value: Scalar, *, decay_rate: Scalar = 0.95, transition_steps: int = 10,
+                 transition_begin: int = 0, staircase: bool = False, end_value: Scalar | None = None) -> None:
         call = "exponential_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   decay_rate=check.number(call, "decay_rate", decay_rate, 0.0, lo_open=True),
@@ -289,7 +301,7 @@ class exponential_decay(Schedule):
                   staircase=check.flag(call, "staircase", staircase),
                   end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         end = None if self.end_value is None else _real(self.end_value)
         return _exponential(_real(count), _real(self.init_value), _real(self.decay_rate),
                             _real(self.transition_steps), _real(self.transition_begin), self.staircase, end)
@@ -326,13 +338,17 @@ class cosine_decay(Schedule):
         https://arxiv.org/abs/1608.03983
     """
 
-    def __init__(self, init_value, *, decay_steps=10, alpha=0.0):
+    init_value: Scalar
+    decay_steps: int
+    alpha: Scalar
+
+    def __init__(self, init_value: Scalar, *, decay_steps: int = 10, alpha: Scalar = 0.0) -> None:
         call = "cosine_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   decay_steps=check.positive_int(call, "decay_steps", decay_steps),
                   alpha=check.number(call, "alpha", alpha, 0.0, 1.0))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha))
 
 
@@ -367,7 +383,14 @@ class polynomial_decay(Schedule):
         Polaris.Schedules.polynomial_decay.
     """
 
-    def __init__(self, init_value, *, end_value=1e-3, power=2.0, transition_steps=10, transition_begin=0):
+    init_value: Scalar
+    end_value: Scalar
+    power: Scalar
+    transition_steps: int
+    transition_begin: int
+
+    def __init__(self, init_value: Scalar, *, end_value: Scalar = 1e-3, power: Scalar = 2.0,
+                 transition_steps: int = 10, transition_begin: int = 0) -> None:
         call = "polynomial_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   end_value=check.number(call, "end_value", end_value),
@@ -375,7 +398,7 @@ class polynomial_decay(Schedule):
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
                   transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         return _polynomial(_real(count), _real(self.init_value), _real(self.end_value), _real(self.power),
                            _real(self.transition_steps), _real(self.transition_begin))
 
@@ -413,7 +436,11 @@ class linear_decay(Schedule):
         Polaris.Schedules.linear_decay.
     """
 
-    def __init__(self, init_value, *, warmup=0, steps=1000):
+    init_value: Scalar
+    warmup: int
+    steps: int
+
+    def __init__(self, init_value: Scalar, *, warmup: int = 0, steps: int = 1000) -> None:
         call = "linear_decay"
         steps = check.positive_int(call, "steps", steps)
         warmup = check.nonnegative_int(call, "warmup", warmup)
@@ -421,7 +448,7 @@ class linear_decay(Schedule):
             check.fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
         self._set(init_value=check.number(call, "init_value", init_value), warmup=warmup, steps=steps)
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         t, warmup, steps = _real(count), _real(self.warmup), _real(self.steps)
         up = t / jnp.maximum(warmup, 1)
         down = jnp.maximum(0, (steps - t) / jnp.maximum(steps - warmup, 1))
@@ -464,13 +491,16 @@ class piecewise_constant(Schedule):
         Recognition", CVPR 2016.
     """
 
-    def __init__(self, init_value, boundaries_and_values):
+    init_value: Scalar
+    boundaries_and_values: dict[int, Scalar]
+
+    def __init__(self, init_value: Scalar, boundaries_and_values: Mapping[int, Scalar]) -> None:
         call = "piecewise_constant"
         self._set(init_value=check.number(call, "init_value", init_value),
                   boundaries_and_values=check.boundaries(call, "boundaries_and_values", boundaries_and_values,
                                                     check.number))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         t = _real(count)
         value = jnp.broadcast_to(_real(self.init_value), t.shape)
         for step, v in sorted(self.boundaries_and_values.items()):
@@ -510,9 +540,14 @@ class piecewise_interpolate(Schedule):
         optax.piecewise_interpolate_schedule.
     """
 
+    interpolate_type: str
+    init_value: Scalar
+    boundaries_and_scales: dict[int, Scalar]
+
     _static = ("interpolate_type",)
 
-    def __init__(self, interpolate_type, init_value, boundaries_and_scales=None):
+    def __init__(self, interpolate_type: str, init_value: Scalar,
+                 boundaries_and_scales: Mapping[int, Scalar] | None = None) -> None:
         call = "piecewise_interpolate"
         if interpolate_type not in ("linear", "cosine"):
             check.fail(call, "interpolate_type", interpolate_type, "must be 'linear' or 'cosine'")
@@ -521,7 +556,7 @@ class piecewise_interpolate(Schedule):
                                                     {} if boundaries_and_scales is None else boundaries_and_scales,
                                                     functools.partial(check.number, lo=0.0)))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         steps, scales = zip(*sorted(self.boundaries_and_scales.items())) if self.boundaries_and_scales else ((), ())
         values = [_real(self.init_value)]
         for scale in scales:
@@ -564,10 +599,17 @@ class linear_onecycle(Schedule):
         https://arxiv.org/abs/1708.07120
     """
 
+    transition_steps: int
+    peak_value: Scalar
+    pct_start: float
+    pct_final: float
+    div_factor: Scalar
+    final_div_factor: Scalar
+
     _static = ("transition_steps", "pct_start", "pct_final")
 
-    def __init__(self, transition_steps, peak_value, pct_start=0.3, pct_final=0.85, div_factor=25.0,
-                 final_div_factor=1e4):
+    def __init__(self, transition_steps: int, peak_value: Scalar, pct_start: Scalar = 0.3, pct_final: Scalar = 0.85,
+                 div_factor: Scalar = 25.0, final_div_factor: Scalar = 1e4) -> None:
         call = "linear_onecycle"
         pct_start = float(check.number(call, "pct_start", pct_start, 0.0, 1.0))
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
@@ -576,7 +618,7 @@ class linear_onecycle(Schedule):
                   div_factor=check.number(call, "div_factor", div_factor, 0.0, lo_open=True),
                   final_div_factor=check.number(call, "final_div_factor", final_div_factor, 0.0, lo_open=True))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         steps = self.transition_steps
         bounds = (0, int(self.pct_start * steps), int(self.pct_final * steps), steps)
         peak = _real(self.peak_value)
@@ -616,9 +658,16 @@ class cosine_onecycle(Schedule):
         https://arxiv.org/abs/1708.07120
     """
 
+    transition_steps: int
+    peak_value: Scalar
+    pct_start: float
+    div_factor: Scalar
+    final_div_factor: Scalar
+
     _static = ("transition_steps", "pct_start")
 
-    def __init__(self, transition_steps, peak_value, pct_start=0.3, div_factor=25.0, final_div_factor=1e4):
+    def __init__(self, transition_steps: int, peak_value: Scalar, pct_start: Scalar = 0.3, div_factor: Scalar = 25.0,
+                 final_div_factor: Scalar = 1e4) -> None:
         call = "cosine_onecycle"
         self._set(transition_steps=check.positive_int(call, "transition_steps", transition_steps),
                   peak_value=check.number(call, "peak_value", peak_value),
@@ -626,7 +675,7 @@ class cosine_onecycle(Schedule):
                   div_factor=check.number(call, "div_factor", div_factor, 0.0, lo_open=True),
                   final_div_factor=check.number(call, "final_div_factor", final_div_factor, 0.0, lo_open=True))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         steps = self.transition_steps
         bounds = (0, int(self.pct_start * steps), steps)
         peak = _real(self.peak_value)
@@ -675,7 +724,15 @@ class warmup_cosine_decay(Schedule):
         https://arxiv.org/abs/1608.03983
     """
 
-    def __init__(self, init_value, peak_value, warmup_steps, decay_steps, end_value=0.0, exponent=1.0):
+    init_value: Scalar
+    peak_value: Scalar
+    warmup_steps: int
+    decay_steps: int
+    end_value: Scalar
+    exponent: Scalar
+
+    def __init__(self, init_value: Scalar, peak_value: Scalar, warmup_steps: int, decay_steps: int,
+                 end_value: Scalar = 0.0, exponent: Scalar = 1.0) -> None:
         call = "warmup_cosine_decay"
         warmup_steps = check.nonnegative_int(call, "warmup_steps", warmup_steps)
         decay_steps = check.positive_int(call, "decay_steps", decay_steps)
@@ -686,7 +743,7 @@ class warmup_cosine_decay(Schedule):
                   decay_steps=decay_steps, end_value=check.number(call, "end_value", end_value),
                   exponent=check.number(call, "exponent", exponent, 0.0, lo_open=True))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         t, peak, end, warmup = _real(count), _real(self.peak_value), _real(self.end_value), _real(self.warmup_steps)
         alpha = jnp.where(peak == 0, 0.0, end / jnp.where(peak == 0, 1.0, peak))
         decay = _cosine(t - warmup, peak, _real(self.decay_steps) - warmup, alpha, _real(self.exponent))
@@ -733,10 +790,20 @@ class warmup_exponential_decay(Schedule):
         optax.warmup_exponential_decay_schedule.
     """
 
+    init_value: Scalar
+    peak_value: Scalar
+    warmup_steps: int
+    transition_steps: int
+    decay_rate: Scalar
+    transition_begin: int
+    staircase: bool
+    end_value: Scalar | None
+
     _static = ("staircase",)
 
-    def __init__(self, init_value, peak_value, warmup_steps, transition_steps, decay_rate, transition_begin=0,
-                 staircase=False, end_value=None):
+    def __init__(self, init_value: Scalar, peak_value: Scalar, warmup_steps: int, transition_steps: int,
+                 decay_rate: Scalar, transition_begin: int = 0, staircase: bool = False,
+                 end_value: Scalar | None = None) -> None:
         call = "warmup_exponential_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   peak_value=check.number(call, "peak_value", peak_value),
@@ -747,7 +814,7 @@ class warmup_exponential_decay(Schedule):
                   staircase=check.flag(call, "staircase", staircase),
                   end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         t, peak, warmup = _real(count), _real(self.peak_value), _real(self.warmup_steps)
         end = None if self.end_value is None else _real(self.end_value)
         decay = _exponential(t - warmup, peak, _real(self.decay_rate), _real(self.transition_steps),
@@ -783,7 +850,10 @@ class join_schedules(Schedule):
         optax.join_schedules.
     """
 
-    def __init__(self, schedules, boundaries):
+    schedules: tuple[Schedule, ...]
+    boundaries: tuple[int, ...]
+
+    def __init__(self, schedules: Sequence[ScheduleLike], boundaries: Sequence[int]) -> None:
         call = "join_schedules"
         try:
             schedules, boundaries = tuple(schedules), tuple(boundaries)
@@ -808,7 +878,7 @@ class join_schedules(Schedule):
         self._set(schedules=tuple(fn if isinstance(fn, Schedule) else _Function(fn) for fn in schedules),
                   boundaries=boundaries)
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         count = jnp.asarray(count)
         value = _real(self.schedules[0](count))
         for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
@@ -846,7 +916,9 @@ class sgdr(Schedule):
         Restarts", ICLR 2017. https://arxiv.org/abs/1608.03983
     """
 
-    def __init__(self, cosine_kwargs):
+    cosine_kwargs: tuple[warmup_cosine_decay, ...]
+
+    def __init__(self, cosine_kwargs: Sequence[dict[str, Any] | warmup_cosine_decay]) -> None:
         call = "sgdr"
         cycles = tuple(cosine_kwargs) if isinstance(cosine_kwargs, (list, tuple)) else ()
         if not cycles:
@@ -859,7 +931,7 @@ class sgdr(Schedule):
         self._set(cosine_kwargs=tuple(c if isinstance(c, warmup_cosine_decay) else warmup_cosine_decay(**c)
                                       for c in cycles))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         count = jnp.asarray(count)
         cycles = self.cosine_kwargs
         value, begin = cycles[0](count), 0
@@ -892,8 +964,10 @@ class relative_step(Schedule):
         Memory Cost", ICML 2018, section 8. https://arxiv.org/abs/1804.04235
     """
 
-    def __init__(self, max_value=0.01):
+    max_value: Scalar
+
+    def __init__(self, max_value: Scalar = 0.01) -> None:
         self._set(max_value=check.number("relative_step", "max_value", max_value, 0.0, lo_open=True))
 
-    def __call__(self, count):
+    def __call__(self, count: ArrayLike) -> jax.Array:
         return jnp.minimum(_real(self.max_value), jax.lax.rsqrt(_real(count) + 1.0))

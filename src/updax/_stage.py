@@ -85,11 +85,11 @@ def _bind(name: str, kind: _Kind) -> None:
         return
     if bound is not None and bound.origin() != kind.origin():
         hint = ""
-        if any(not isinstance(o, (tuple, type(None))) for o in kind.origin()):
+        if any(callable(o) for o in kind.origin()):  # a kernel found under no name
             hint = (" (a kernel defined inside a function or as a lambda is a new object on every call: define "
                     "it once at module level and pass what varies as options)")
         raise ValueError(f"stage name {name!r} is already bound to {bound.describe()}; a stage with "
-                         f"{kind.describe()} needs a name of its own{hint}")
+                         f"{kind.describe()} needs a name of its own (a name is bound once per process){hint}")
     if bound is not None and bound._replace(init_fn=None, apply_fn=None) != kind._replace(init_fn=None, apply_fn=None):
         same_kernels = bound.init_fn is kind.init_fn and bound.apply_fn is kind.apply_fn
         if same_kernels:  # one definition, two declarations: a mistake in the factory
@@ -150,7 +150,7 @@ class Stage:
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
-                 wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = ()):
+                 wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = ()) -> None:
         call = name or ("stateless" if init_fn is None else "stateful")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
                                  or name in _UNNAMED):
@@ -274,7 +274,7 @@ class Stage:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
                                  self.static, self.schedulable))
 

@@ -69,7 +69,8 @@ class Update:
 
     stages: tuple[Stage, ...]
 
-    def __init__(self, stages: Iterable[Stage] = ()):
+    def __init__(self, stages: Iterable[Stage] = ()) -> None:
+        """The pipeline of ``stages``; a wrapper stage with nothing to wrap wraps the stages before it."""
         stages = tuple(stages)
         for stage in stages:
             if not isinstance(stage, Stage):
@@ -94,6 +95,7 @@ class Update:
         return _execute.step(self, updates, state, params, extra)
 
     def __iter__(self) -> Iterator[Callable[..., Any]]:
+        """Yields ``init`` and ``update``: ``init_fn, update_fn = opt`` works like Axon's tuple."""
         yield self.init
         yield self.update
 
@@ -129,15 +131,18 @@ class Update:
     # --- value semantics ---------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
+        """Equal stages with equal options: exactly when the printed forms are the same."""
         return type(other) is Update and self.stages == other.stages
 
     def __hash__(self) -> int:
+        """A hash consistent with ``==``."""
         return hash(("Update", self.stages))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (Update, (self.stages,))
 
     def __repr__(self) -> str:
+        """The pipeline in pipe notation, its identity (see the class docstring)."""
         if not self.stages:
             return "identity()"
         head, rest = self.stages[0], self.stages[1:]

@@ -13,25 +13,28 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-def fail(call, name, value, what, exc=ValueError):
+def fail(call: str, name: str, value: Any, what: str, exc: type[Exception] = ValueError) -> NoReturn:
     raise exc(f"{call}({name}={value!r}): {name} {what}")
 
 
-def _interval(lo, hi, lo_open, hi_open):
+def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
     left = "(" if lo_open else "["
     right = ")" if hi_open else "]"
-    lo = "-inf" if lo is None else f"{lo:g}"
-    hi = "inf" if hi is None else f"{hi:g}"
-    return f"{left}{lo}, {hi}{right}"
+    low = "-inf" if lo is None else f"{lo:g}"
+    high = "inf" if hi is None else f"{hi:g}"
+    return f"{left}{low}, {high}{right}"
 
 
-def real(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
+def real(call: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
+         lo_open: bool = False, hi_open: bool = False) -> Any:
     """A real scalar hyperparameter in an interval, or a schedule for it; Python ints become floats.
 
     JAX/NumPy scalars are kept as given (they may carry a chosen dtype). A
@@ -44,7 +47,8 @@ def real(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
     return number(call, name, value, lo, hi, lo_open=lo_open, hi_open=hi_open)
 
 
-def number(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
+def number(call: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
+           lo_open: bool = False, hi_open: bool = False) -> Any:
     """A real scalar in an interval, never a schedule; Python ints become floats (see :func:`real`)."""
     if isinstance(value, bool) or value is None:
         fail(call, name, value, "must be a real number", TypeError)
@@ -69,20 +73,20 @@ def number(call, name, value, lo=None, hi=None, *, lo_open=False, hi_open=False)
     return value
 
 
-def unit(call, name, value):
+def unit(call: str, name: str, value: Any) -> Any:
     """A decay rate in [0, 1)."""
     return real(call, name, value, 0.0, 1.0, hi_open=True)
 
 
-def nonnegative(call, name, value):
+def nonnegative(call: str, name: str, value: Any) -> Any:
     return real(call, name, value, 0.0)
 
 
-def positive(call, name, value):
+def positive(call: str, name: str, value: Any) -> Any:
     return real(call, name, value, 0.0, lo_open=True)
 
 
-def positive_int(call, name, value):
+def positive_int(call: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(call, name, value, "must be a positive integer", TypeError)
     if value < 1:
@@ -90,7 +94,7 @@ def positive_int(call, name, value):
     return int(value)
 
 
-def integer(call, name, value, low=0):
+def integer(call: str, name: str, value: Any, low: int = 0) -> int:
     """A Python integer >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(call, name, value, f"must be an integer >= {low}", TypeError)
@@ -99,7 +103,7 @@ def integer(call, name, value, low=0):
     return int(value)
 
 
-def nonnegative_int(call, name, value):
+def nonnegative_int(call: str, name: str, value: Any) -> int:
     """A Python integer >= 0 (a step count)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(call, name, value, "must be a non-negative integer", TypeError)
@@ -108,9 +112,9 @@ def nonnegative_int(call, name, value):
     return int(value)
 
 
-def boundaries(call, name, mapping, value_check):
+def boundaries(call: str, name: str, mapping: Any, value_check: Callable[[str, str, Any], Any]) -> dict[int, Any]:
     """A dict ``{step: value}`` with non-negative integer steps, sorted by step; each value through ``value_check``."""
-    if not isinstance(mapping, dict):
+    if not isinstance(mapping, Mapping):
         fail(call, name, mapping, "must be a dict {step: value}", TypeError)
     for step in mapping:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
@@ -118,19 +122,19 @@ def boundaries(call, name, mapping, value_check):
     return {int(step): value_check(call, f"{name}[{step}]", mapping[step]) for step in sorted(mapping)}
 
 
-def flag(call, name, value):
+def flag(call: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         fail(call, name, value, "must be True or False", TypeError)
     return value
 
 
-def function(call, name, value):
+def function(call: str, name: str, value: Any) -> Any:
     if not callable(value):
         fail(call, name, value, "must be callable", TypeError)
     return value
 
 
-def float_dtype(call, name, value):
+def float_dtype(call: str, name: str, value: Any) -> str | None:
     """None (the default: at least float32) or a floating dtype, kept as its name."""
     if value is None:
         return None

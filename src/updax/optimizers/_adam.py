@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from updax import _validate as check
 from updax import schedules
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import (
     scale_by_adam,
@@ -18,7 +19,9 @@ from updax.updates import (
 )
 
 
-def adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, *, mu_dtype=None, nu_dtype=None):
+def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+         eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None,
+         nu_dtype: DType = None) -> Update:
     """Adam.
 
     Pipeline: ``scale_by_adam(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
@@ -48,8 +51,9 @@ def adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, *, mu_d
                          nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
 
 
-def adamw(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, decay=0.0, *, mu_dtype=None,
-          nu_dtype=None):
+def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0, *,
+          mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """AdamW: Adam with decoupled weight decay.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``.
@@ -81,7 +85,8 @@ def adamw(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, decay=
             .add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
 
 
-def adabelief(learning_rate=1e-3, b1=0.9, b2=0.999, eps=0.0, eps_root=1e-16):
+def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+              eps: ScalarOrSchedule = 0.0, eps_root: ScalarOrSchedule = 1e-16) -> Update:
     """AdaBelief: Adam whose second moment tracks the spread of the gradient around its mean.
 
     Pipeline: ``scale_by_belief(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
@@ -107,7 +112,8 @@ def adabelief(learning_rate=1e-3, b1=0.9, b2=0.999, eps=0.0, eps_root=1e-16):
     return scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root).scale_by_learning_rate(learning_rate)
 
 
-def radam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0):
+def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0) -> Update:
     """Rectified Adam.
 
     Pipeline: ``scale_by_radam(b1, b2, eps, eps_root, threshold) |> scale_by_learning_rate(learning_rate)``.
@@ -136,7 +142,9 @@ def radam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshol
         learning_rate)
 
 
-def yogi(learning_rate=1e-2, initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0):
+def yogi(learning_rate: ScalarOrSchedule = 1e-2, initial_accumulator_value: ScalarOrSchedule = 1e-6,
+         b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-3,
+         eps_root: ScalarOrSchedule = 0.0) -> Update:
     """Yogi: Adam with an additive, sign-controlled second moment.
 
     Pipeline: ``scale_by_yogi(...) |> scale_by_learning_rate(learning_rate)``.
@@ -164,7 +172,9 @@ def yogi(learning_rate=1e-2, initial_accumulator_value=1e-6, b1=0.9, b2=0.999, e
                          eps_root=eps_root).scale_by_learning_rate(learning_rate)
 
 
-def amsgrad(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+def amsgrad(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+            eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+            nu_dtype: DType = None) -> Update:
     """AMSGrad: Adam with a non-decreasing second moment.
 
     Pipeline: ``scale_by_amsgrad(b1, b2, eps, eps_root) |> scale_by_learning_rate(lr)``.
@@ -193,7 +203,8 @@ def amsgrad(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_
                             nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
 
 
-def adamax(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8):
+def adamax(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+           eps: ScalarOrSchedule = 1e-8) -> Update:
     """AdaMax: Adam with the infinity norm in place of the second moment.
 
     Pipeline: ``scale_by_adamax(b1, b2, eps) |> scale_by_learning_rate(lr)``.
@@ -218,7 +229,8 @@ def adamax(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8):
     return scale_by_adamax(b1=b1, b2=b2, eps=eps).scale_by_learning_rate(learning_rate)
 
 
-def adamaxw(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, decay=1e-4):
+def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+            eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4) -> Update:
     """AdaMax with decoupled weight decay.
 
     Pipeline: ``scale_by_adamax(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -245,7 +257,9 @@ def adamaxw(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, decay=1e-4):
             .scale_by_learning_rate(learning_rate))
 
 
-def nadam(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+def nadam(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+          nu_dtype: DType = None) -> Update:
     """NAdam: Adam with Nesterov momentum.
 
     Pipeline: ``scale_by_nadam(b1, b2, eps, eps_root) |> scale_by_learning_rate(lr)``.
@@ -274,8 +288,9 @@ def nadam(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dt
                           nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
 
 
-def nadamw(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, decay=1e-4, *, mu_dtype=None,
-           nu_dtype=None):
+def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 1e-4, *,
+           mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """NAdamW: NAdam with decoupled weight decay.
 
     Pipeline: ``scale_by_nadam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -305,7 +320,9 @@ def nadamw(learning_rate=2e-3, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, decay=1
             .add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
 
 
-def adan(learning_rate=1e-3, b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=1e-8, decay=0.0):
+def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92,
+         b3: ScalarOrSchedule = 0.99, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-8,
+         decay: ScalarOrSchedule = 0.0) -> Update:
     """Adan: adaptive Nesterov momentum estimated from gradient differences.
 
     Pipeline: ``scale_by_adan(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -335,8 +352,10 @@ def adan(learning_rate=1e-3, b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=1e-8,
             .scale_by_learning_rate(learning_rate))
 
 
-def schedule_free_adamw(learning_rate=2.5e-3, warmup_steps=None, b1=0.9, b2=0.999, eps=1e-8, decay=0.0,
-                        weight_lr_power=2.0, *, state_dtype=None):
+def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: int | None = None,
+                        b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                        decay: ScalarOrSchedule = 0.0, weight_lr_power: ScalarOrSchedule = 2.0, *,
+                        state_dtype: DType = None) -> Update:
     """Schedule-free AdamW: AdamW without momentum, wrapped in schedule-free averaging.
 
     Pipeline: ``scale_by_adam(b1=0.0, b2, eps, eps_root=0.0) |> add_decayed_weights(decay)
@@ -348,7 +367,8 @@ def schedule_free_adamw(learning_rate=2.5e-3, warmup_steps=None, b1=0.9, b2=0.99
     the two agree exactly).
 
     Args:
-        learning_rate: the peak learning rate (the reference's 0.0025). Default: ``0.0025``.
+        learning_rate: the peak learning rate (the reference's 0.0025), a number or, without
+            ``warmup_steps``, a schedule. Default: ``0.0025``.
         warmup_steps: length of the linear warm-up, or None. Default: ``None``.
         b1: the interpolation weight, in (0, 1). Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
@@ -373,10 +393,11 @@ def schedule_free_adamw(learning_rate=2.5e-3, warmup_steps=None, b1=0.9, b2=0.99
         Defazio et al., "The Road Less Scheduled", NeurIPS 2024.
         https://arxiv.org/abs/2405.15682
     """
-    if warmup_steps is not None:
-        check.positive_int("schedule_free_adamw", "warmup_steps", warmup_steps)
-        learning_rate = schedules.polynomial_decay(0.0, end_value=learning_rate, power=1.0,
-                                                   transition_steps=warmup_steps)
+    if warmup_steps is not None:  # the warm-up is a schedule to a peak: the peak must be a number
+        call = "schedule_free_adamw"
+        check.positive_int(call, "warmup_steps", warmup_steps)
+        peak = check.number(call, "learning_rate", learning_rate, 0.0, lo_open=True)
+        learning_rate = schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)
     inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=decay)
              .scale_by_learning_rate(learning_rate))
     return inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from updax import _validate as check
 from updax import schedules
+from updax._typing import ScalarOrSchedule
 from updax._update import Update
 from updax.updates import scale_by_factored_rms, scale_by_sm3
 
 
-def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0,
-              multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, decay=None,
-              eps=1e-30, factored=True):
+def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_factor: int = 128,
+              decay_rate: ScalarOrSchedule = 0.8, decay_offset: int = 0, multiply_by_parameter_scale: bool = True,
+              clipping_threshold: ScalarOrSchedule | None = 1.0, momentum: ScalarOrSchedule | None = None,
+              decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True) -> Update:
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
@@ -66,7 +68,7 @@ def adafactor(learning_rate=None, min_dim_size_to_factor=128, decay_rate=0.8, de
     return opt.scale(-1.0)
 
 
-def sm3(learning_rate=1e-1, momentum=0.9):
+def sm3(learning_rate: ScalarOrSchedule = 1e-1, momentum: ScalarOrSchedule = 0.9) -> Update:
     """SM3: memory-efficient adaptive steps from per-axis accumulators.
 
     Pipeline: ``scale_by_sm3(b1=momentum) |> scale_by_learning_rate(lr)``.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from updax import _validate as check
+from updax._typing import DType, Scalar, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd, scale_by_trust_ratio
 
 
-def lamb(learning_rate=1e-2, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, decay=0.0, min_norm=0.0, *,
-         mu_dtype=None, nu_dtype=None):
+def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+         eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0,
+         min_norm: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """LAMB: AdamW rescaled per leaf by the trust ratio.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_trust_ratio(min_norm)
@@ -42,7 +44,9 @@ def lamb(learning_rate=1e-2, b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, decay=0
             .scale_by_learning_rate(learning_rate))
 
 
-def lars(learning_rate=1e-1, decay=0.0, trust_coefficient=1e-3, eps=0.0, momentum=0.9, nesterov=False):
+def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
+         trust_coefficient: ScalarOrSchedule = 1e-3, eps: ScalarOrSchedule = 0.0, momentum: ScalarOrSchedule = 0.9,
+         nesterov: bool = False) -> Update:
     """LARS: momentum SGD with a per-layer trust ratio.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_trust_ratio(trust_coefficient=…, eps=…)
@@ -73,7 +77,7 @@ def lars(learning_rate=1e-1, decay=0.0, trust_coefficient=1e-3, eps=0.0, momentu
             .scale_by_learning_rate(learning_rate).trace(decay=momentum, nesterov=nesterov))
 
 
-def fromage(learning_rate=1e-2, min_norm=1e-6):
+def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6) -> Update:
     """Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
 
     Pipeline, with ``m = 1/sqrt(1 + lr²)``: ``scale_by_trust_ratio(min_norm)
@@ -102,7 +106,8 @@ def fromage(learning_rate=1e-2, min_norm=1e-6):
             .add_decayed_weights(decay=mult - 1.0))
 
 
-def novograd(learning_rate=1e-3, b1=0.9, b2=0.25, eps=1e-6, eps_root=0.0, decay=0.0):
+def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25,
+             eps: ScalarOrSchedule = 1e-6, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0) -> Update:
     """NovoGrad: momentum of updates normalised by a layer-wise second moment.
 
     Pipeline: ``scale_by_novograd(b1, b2, eps, eps_root, decay) |> scale_by_learning_rate(lr)``.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import partition, scale_by_adam, scale_by_muon, scale_by_nadam
 
@@ -13,9 +14,11 @@ def _muon_groups(params):
     return jax.tree.map(lambda p: "muon" if jnp.ndim(p) == 2 else "adam", params)
 
 
-def muon(learning_rate=0.02, ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
-         decay=0.0, *, nesterov=True, mu_dtype=None, adam_b1=0.9, adam_b2=0.999, adam_eps_root=0.0,
-         adam_decay=0.0, adam_learning_rate=None):
+def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+         ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0,
+         *, nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
+         adam_b2: ScalarOrSchedule = 0.999, adam_eps_root: ScalarOrSchedule = 0.0, adam_decay: ScalarOrSchedule = 0.0,
+         adam_learning_rate: ScalarOrSchedule | None = None) -> Update:
     """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
     Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from updax import _validate as check
+from updax._typing import ScalarOrSchedule
 from updax._update import Update
 from updax.updates import add_decayed_weights, scale_by_rms, scale_by_rss, scale_by_stddev
 
 
-def rmsprop(learning_rate=1e-2, centered=False, momentum=None, nesterov=False, decay=0.9, eps=1e-8,
-            initial_scale=0.0):
+def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, momentum: ScalarOrSchedule | None = None,
+            nesterov: bool = False, decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
+            initial_scale: ScalarOrSchedule = 0.0) -> Update:
     """RMSProp, optionally centred and with momentum.
 
     Pipeline: ``scale_by_rms`` (or ``scale_by_stddev`` when centred)
@@ -44,7 +46,8 @@ def rmsprop(learning_rate=1e-2, centered=False, momentum=None, nesterov=False, d
     return opt
 
 
-def adagrad(learning_rate=1e-3, initial_accumulator_value=0.1, eps=1e-7):
+def adagrad(learning_rate: ScalarOrSchedule = 1e-3, initial_accumulator_value: ScalarOrSchedule = 0.1,
+            eps: ScalarOrSchedule = 1e-7) -> Update:
     """AdaGrad: steps scaled by the root of the sum of all squared gradients so far.
 
     Pipeline: ``scale_by_rss(initial_accumulator_value, eps) |> scale_by_learning_rate(learning_rate)``.
@@ -70,7 +73,8 @@ def adagrad(learning_rate=1e-3, initial_accumulator_value=0.1, eps=1e-7):
         learning_rate)
 
 
-def adadelta(learning_rate=1.0, rho=0.9, eps=1e-6, decay=0.0):
+def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6,
+             decay: ScalarOrSchedule = 0.0) -> Update:
     """AdaDelta: steps sized by the RMS of past steps over the RMS of gradients.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_adadelta(rho, eps) |> scale_by_learning_rate(lr)``.

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import jax
+
 from updax import _validate as check
+from updax._typing import ScalarOrSchedule
 from updax._update import Update
 from updax.updates import add_noise, scale_by_learning_rate, trace
 
 
-def sgd(learning_rate=1e-2, momentum=None, nesterov=False):
+def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | None = None,
+        nesterov: bool = False) -> Update:
     """Stochastic gradient descent, optionally with (Nesterov) momentum.
 
     Pipeline: ``trace(momentum, nesterov) |> scale_by_learning_rate(learning_rate)``,
@@ -36,7 +40,8 @@ def sgd(learning_rate=1e-2, momentum=None, nesterov=False):
     return trace(decay=momentum, nesterov=nesterov).scale_by_learning_rate(learning_rate)
 
 
-def noisy_sgd(learning_rate=1e-2, eta=0.01, gamma=0.55, key=0):
+def noisy_sgd(learning_rate: ScalarOrSchedule = 1e-2, eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55,
+              key: int | jax.Array = 0) -> Update:
     """SGD on gradients with annealed Gaussian noise added.
 
     Pipeline: ``add_noise(eta, gamma, key) |> scale_by_learning_rate(learning_rate)``:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import scale_by_lion, scale_by_rprop, scale_by_sign, trace
 
 
-def lion(learning_rate=1e-4, b1=0.9, b2=0.99, decay=1e-3, *, mu_dtype=None):
+def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99,
+         decay: ScalarOrSchedule = 1e-3, *, mu_dtype: DType = None) -> Update:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay.
 
     Pipeline: ``scale_by_lion(b1, b2) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -35,7 +37,7 @@ def lion(learning_rate=1e-4, b1=0.9, b2=0.99, decay=1e-3, *, mu_dtype=None):
             .scale_by_learning_rate(learning_rate))
 
 
-def sign_sgd(learning_rate=1e-3):
+def sign_sgd(learning_rate: ScalarOrSchedule = 1e-3) -> Update:
     """signSGD: descend along the sign of the gradient.
 
     Pipeline: ``scale_by_sign() |> scale_by_learning_rate(lr)``.
@@ -58,7 +60,8 @@ def sign_sgd(learning_rate=1e-3):
     return scale_by_sign().scale_by_learning_rate(learning_rate)
 
 
-def signum(learning_rate=1e-3, momentum=0.9, *, accumulator_dtype=None):
+def signum(learning_rate: ScalarOrSchedule = 1e-3, momentum: ScalarOrSchedule = 0.9, *,
+           accumulator_dtype: DType = None) -> Update:
     """Signum: signSGD on a momentum of the gradients.
 
     Pipeline: ``trace(momentum) |> scale_by_sign() |> scale_by_learning_rate(lr)``.
@@ -86,7 +89,8 @@ def signum(learning_rate=1e-3, momentum=0.9, *, accumulator_dtype=None):
         learning_rate)
 
 
-def rprop(learning_rate=1e-3, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6, max_step_size=50.0):
+def rprop(learning_rate: ScalarOrSchedule = 1e-3, eta_minus: ScalarOrSchedule = 0.5, eta_plus: ScalarOrSchedule = 1.2,
+          min_step_size: ScalarOrSchedule = 1e-6, max_step_size: ScalarOrSchedule = 50.0) -> Update:
     """Rprop (iRprop-): per-element steps grown or shrunk by sign agreement.
 
     Pipeline: ``scale_by_rprop(...) |> scale(-1.0)``; the step sizes are the

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import per_leaf
 
@@ -18,7 +20,7 @@ from updax.updates._kernels import per_leaf
 class TraceState(NamedTuple):
     """The momentum buffer."""
 
-    trace: object
+    trace: Any
 
 
 def _init_trace(params, *, accumulator_dtype):
@@ -35,7 +37,7 @@ def _apply_trace(updates, state, params, *, decay, nesterov):
 
 
 @combinator
-def trace(decay=0.9, nesterov=False, *, accumulator_dtype=None):
+def trace(decay: ScalarOrSchedule = 0.9, nesterov: bool = False, *, accumulator_dtype: DType = None) -> Update:
     """Accumulates a momentum trace of the updates (heavy-ball or Nesterov).
 
     Update rule::
@@ -85,7 +87,7 @@ class AccumulateGradientsState(NamedTuple):
     """
 
     inner: tuple
-    accumulated: object
+    accumulated: Any
     mini_step: jax.Array
     gradient_step: jax.Array
     updated: jax.Array
@@ -141,7 +143,8 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
 
 
 @combinator(wraps=True)
-def accumulate_gradients(inner: Update, steps, *, mean=True, should_skip=None):
+def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean: bool = True,
+                         should_skip: Callable[..., Any] | None = None) -> Update:
     """Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates.
 
     Between those calls it emits zeros and leaves the wrapped pipeline's
@@ -197,7 +200,7 @@ def accumulate_gradients(inner: Update, steps, *, mean=True, should_skip=None):
                     wraps="inner")
 
 
-def has_updated(state) -> jax.Array:
+def has_updated(state: PyTree) -> jax.Array:
     """Whether the last call of an ``accumulate_gradients`` stage ran the pipeline it wraps.
 
     Args:

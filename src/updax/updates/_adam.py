@@ -16,6 +16,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import adam_direction, bias_corrections, moment, per_leaf
 
@@ -97,7 +98,8 @@ def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
 
 
 @combinator
-def scale_by_adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, *, mu_dtype=None, nu_dtype=None):
+def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                  eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by Adam's bias-corrected moment ratio.
 
     Update rule (t counts from 1)::
@@ -154,7 +156,8 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root):
 
 
 @combinator
-def scale_by_belief(b1=0.9, b2=0.999, eps=0.0, eps_root=1e-16, *, mu_dtype=None, nu_dtype=None):
+def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 0.0,
+                    eps_root: ScalarOrSchedule = 1e-16, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief.
 
     Update rule, as in the paper (Polaris instead uses Adam's ``g²`` for ``s``)::
@@ -216,7 +219,9 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
 
 
 @combinator
-def scale_by_radam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, threshold=5.0, *, mu_dtype=None, nu_dtype=None):
+def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                   eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0, *, mu_dtype: DType = None,
+                   nu_dtype: DType = None) -> Update:
     """Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before.
 
     Update rule, as in the paper (Polaris uses ``b1`` in ``ρ∞``)::
@@ -281,8 +286,9 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
 
 
 @combinator
-def scale_by_yogi(initial_accumulator_value=1e-6, b1=0.9, b2=0.999, eps=1e-3, eps_root=0.0, *,
-                  mu_dtype=None, nu_dtype=None):
+def scale_by_yogi(initial_accumulator_value: ScalarOrSchedule = 1e-6, b1: ScalarOrSchedule = 0.9,
+                  b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-3, eps_root: ScalarOrSchedule = 0.0, *,
+                  mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by Yogi: Adam with an additive, sign-controlled second moment.
 
     Update rule::
@@ -348,7 +354,8 @@ def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
 
 
 @combinator
-def scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+def scale_by_amsgrad(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                     eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by AMSGrad: Adam whose second moment never decreases.
 
     Update rule, as optax (t counts from 1)::
@@ -410,7 +417,8 @@ def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
 
 
 @combinator
-def scale_by_adamax(b1=0.9, b2=0.999, eps=1e-8, *, mu_dtype=None, nu_dtype=None):
+def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8, *,
+                    mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by AdaMax: Adam with an infinity-norm second moment.
 
     Update rule, as optax (t counts from 1; the paper has no ``eps``)::
@@ -475,7 +483,8 @@ def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
 
 
 @combinator
-def scale_by_nadam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+def scale_by_nadam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                   eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
     """Scales updates by NAdam: Adam with a Nesterov look-ahead first moment.
 
     Update rule, as optax's ``scale_by_adam(nesterov=True)`` (t counts from 1)::
@@ -547,7 +556,9 @@ def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
 
 
 @combinator
-def scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0, *, mu_dtype=None, nu_dtype=None):
+def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: ScalarOrSchedule = 0.99,
+                  eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+                  nu_dtype: DType = None) -> Update:
     """Scales updates by Adan: adaptive Nesterov momentum from gradient differences.
 
     Update rule, with the decays written as in the authors' code (the paper's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import apply_updates, stateful
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import blend, filled, warmed_up
 
@@ -19,7 +20,7 @@ class ScheduleFreeState(NamedTuple):
     """The wrapped pipeline's state, the base iterate ``z``, and the averaging weights."""
 
     inner: tuple
-    z: object
+    z: Any
     weight_sum: jax.Array
     max_lr: jax.Array
 
@@ -50,7 +51,8 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
 
 
 @combinator(wraps=True)
-def schedule_free(inner: Update, learning_rate, b1=0.9, weight_lr_power=2.0, *, state_dtype=None):
+def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSchedule = 0.9,
+                  weight_lr_power: ScalarOrSchedule = 2.0, *, state_dtype: DType = None) -> Update:
     """Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging.
 
     The wrapped pipeline (without momentum, e.g. ``scale_by_adam(b1=0.0)
@@ -99,7 +101,7 @@ def schedule_free(inner: Update, learning_rate, b1=0.9, weight_lr_power=2.0, *, 
                     needs_params=True, schedulable=("learning_rate", "b1", "weight_lr_power"))
 
 
-def schedule_free_eval_params(opt: Update, state, params):
+def schedule_free_eval_params(opt: Update, state: PyTree, params: PyTree) -> PyTree:
     """The averaged params ``x`` to evaluate a schedule-free model at: ``(y - (1 - b1)·z) / b1``.
 
     Args:
@@ -138,7 +140,7 @@ class EmaParamsState(NamedTuple):
     """The applied steps and the exponential moving average of the params after each."""
 
     count: jax.Array
-    average: object
+    average: Any
 
 
 def _init_ema_params(params, *, accumulator_dtype):
@@ -151,7 +153,7 @@ def _apply_ema_params(updates, state, params, *, decay, decay_min):
 
 
 @combinator
-def ema_params(decay=0.999, *, decay_min=False, accumulator_dtype=None):
+def ema_params(decay: ScalarOrSchedule = 0.999, *, decay_min: bool = False, accumulator_dtype: DType = None) -> Update:
     """Keeps an exponential moving average (Polyak averaging) of the params in the state.
 
     Put it last in the pipeline: it sees the final updates, averages the
@@ -204,7 +206,7 @@ class SwaState(NamedTuple):
 
     count: jax.Array
     snapshots: jax.Array
-    average: object
+    average: Any
 
 
 def _init_swa(params, *, accumulator_dtype):
@@ -224,7 +226,7 @@ def _apply_swa(updates, state, params, *, start, period):
 
 
 @combinator
-def swa(start=1, period=1, *, accumulator_dtype=None):
+def swa(start: int = 1, period: int = 1, *, accumulator_dtype: DType = None) -> Update:
     """Stochastic weight averaging: the equal-weight mean of params snapshots, kept in the state.
 
     Put it last in the pipeline. After applied step ``t`` (from 1) with
@@ -269,7 +271,7 @@ def swa(start=1, period=1, *, accumulator_dtype=None):
 _AVERAGING_STAGES = ("ema_params", "swa")
 
 
-def averaged_params(opt: Update, state, params=None, *, path=None):
+def averaged_params(opt: Update, state: PyTree, params: PyTree | None = None, *, path: str | None = None) -> PyTree:
     """The params average an ``ema_params`` or ``swa`` stage keeps, as a params-shaped tree.
 
     Args:

@@ -9,6 +9,8 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateless
+from updax._typing import PyTree, ScalarOrSchedule
+from updax._update import Update
 
 
 def _apply_clip(updates, params, *, delta):
@@ -16,7 +18,7 @@ def _apply_clip(updates, params, *, delta):
 
 
 @combinator
-def clip(delta=2.0):
+def clip(delta: ScalarOrSchedule = 2.0) -> Update:
     """Clips every element of the updates to ``[-delta, delta]``.
 
     Update rule: ``u ← min(max(u, -delta), delta)``.
@@ -41,7 +43,7 @@ def clip(delta=2.0):
                      schedulable=("delta",))
 
 
-def global_norm(updates):
+def global_norm(updates: PyTree) -> jax.Array:
     """The L2 norm of all leaves together, computed in at least float32."""
     squares = [jnp.sum(jnp.square(g.astype(_tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
     return jnp.sqrt(sum(squares, jnp.zeros([], jnp.float32)))
@@ -61,7 +63,7 @@ def _apply_clip_by_global_norm(updates, params, *, max_norm):
 
 
 @combinator
-def clip_by_global_norm(max_norm=1.0):
+def clip_by_global_norm(max_norm: ScalarOrSchedule = 1.0) -> Update:
     """Rescales the updates so that their global L2 norm is at most ``max_norm``.
 
     Update rule: ``u ← u`` if ``‖u‖ < max_norm``, else ``u ← u / ‖u‖ · max_norm``,
@@ -103,7 +105,7 @@ def _apply_centralize(updates, params):
 
 
 @combinator
-def centralize():
+def centralize() -> Update:
     """Subtracts from each leaf of rank >= 2 its mean over all axes but the first.
 
     Update rule: ``u ← u - mean(u, axes=1..n-1)`` for leaves with ``ndim > 1``;

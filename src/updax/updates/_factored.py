@@ -18,6 +18,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import moment
 
@@ -113,8 +114,9 @@ def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate
 
 
 @combinator
-def scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0, min_dim_size_to_factor=128, epsilon=1e-30,
-                          *, accumulator_dtype=None):
+def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 0.8, step_offset: int = 0,
+                          min_dim_size_to_factor: int = 128, epsilon: ScalarOrSchedule = 1e-30,
+                          *, accumulator_dtype: DType = None) -> Update:
     """Scales updates by Adafactor's factored estimate of their root mean square.
 
     Update rule, with ``t = count - step_offset + 1`` and ``β = 1 - t^(-decay_rate)``.
@@ -189,7 +191,7 @@ def _apply_scale_by_param_block_rms(updates, params, *, min_scale):
 
 
 @combinator
-def scale_by_param_block_rms(min_scale=1e-3):
+def scale_by_param_block_rms(min_scale: ScalarOrSchedule = 1e-3) -> Update:
     """Scales each leaf's update by the root mean square of its parameters (Adafactor's relative step).
 
     Update rule, per leaf: ``u ← u · max(rms(p), min_scale)``, with
@@ -231,7 +233,7 @@ def _apply_clip_by_block_rms(updates, params, *, threshold):
 
 
 @combinator
-def clip_by_block_rms(threshold=1.0):
+def clip_by_block_rms(threshold: ScalarOrSchedule = 1.0) -> Update:
     """Clips each leaf's update to a root mean square of at most ``threshold`` (Adafactor).
 
     Update rule, per leaf: ``u ← u / max(1, rms(u) / threshold)``, with
@@ -310,7 +312,8 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
 
 
 @combinator
-def scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8, *, mu_dtype=None, accumulator_dtype=None):
+def scale_by_sm3(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 1.0, eps: ScalarOrSchedule = 1e-8, *,
+                 mu_dtype: DType = None, accumulator_dtype: DType = None) -> Update:
     """Scales updates by SM3: an AdaGrad-like second moment stored as per-axis maxima.
 
     Update rule, for a leaf with axes ``1..k`` and one vector ``a_i`` per axis

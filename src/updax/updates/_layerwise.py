@@ -14,6 +14,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import per_leaf, trust_ratios, trust_scaled
 
@@ -36,7 +37,8 @@ def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient,
 
 
 @combinator
-def scale_by_trust_ratio(min_norm=0.0, trust_coefficient=1.0, eps=0.0):
+def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: ScalarOrSchedule = 1.0,
+                         eps: ScalarOrSchedule = 0.0) -> Update:
     """Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB).
 
     Update rule, per leaf: ``u ← u · c·‖p‖ / (‖u‖ + eps)`` with both norms
@@ -107,7 +109,9 @@ def _is_zero(value) -> bool:
 
 
 @combinator
-def scale_by_novograd(b1=0.9, b2=0.25, eps=1e-8, eps_root=0.0, decay=0.0, *, mu_dtype=None):
+def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, eps: ScalarOrSchedule = 1e-8,
+                      eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
+                      mu_dtype: DType = None) -> Update:
     """Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment.
 
     Update rule, per leaf (layer) ``l``; on the first step ``v`` and ``m``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import PyTree
 from updax._update import Update
 
 
@@ -64,7 +66,7 @@ def _apply_partition(updates, state, params, *, transforms, labels, **extra):
 
 
 @combinator
-def partition(transforms, labels):
+def partition(transforms: dict[str, Update], labels: PyTree | Callable[[PyTree], PyTree]) -> Update:
     """Runs a different pipeline on each group of leaves.
 
     ``labels`` gives each leaf of the params a group label (a pytree of
@@ -123,7 +125,7 @@ def _apply_masked(updates, state, params, *, inner, mask, **extra):
 
 
 @combinator(wraps=True)
-def masked(inner: Update, mask):
+def masked(inner: Update, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     """Runs the pipeline before it on the masked-in leaves only; the others pass through unchanged.
 
     Args:
@@ -157,7 +159,7 @@ def _apply_freeze(updates, params, *, mask):
 
 
 @combinator
-def freeze(mask):
+def freeze(mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     """Zeroes the updates of the masked-in (frozen) leaves; the others pass through unchanged.
 
     It stores no state. The stages before it still keep state for the frozen

@@ -8,7 +8,7 @@ state and checkpoint with the rest of the optimizer.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import blend, filled, moment, warmed_up
 
@@ -30,8 +31,8 @@ class EmaState(NamedTuple):
 
     count: jax.Array
     total_weight: jax.Array
-    ema: object
-    previous: object
+    ema: Any
+    previous: Any
 
 
 def _init_ema(params, *, init, accumulator_dtype, keep_previous):
@@ -59,7 +60,8 @@ def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previou
 
 
 @combinator
-def ema(decay, debias=True, *, init=0.0, decay_min=False, keep_previous=False, accumulator_dtype=None):
+def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, decay_min: bool = False,
+        keep_previous: bool = False, accumulator_dtype: DType = None) -> Update:
     """Exponential moving average of the values that flow through it.
 
     Update rule, for each observation ``x`` (``b`` the decay of this step)::
@@ -127,7 +129,7 @@ class SmaState(NamedTuple):
     """The observation count and the last ``window`` observations (a ring buffer on a leading axis)."""
 
     count: jax.Array
-    window_values: object
+    window_values: Any
 
 
 def _init_sma(params, *, window, accumulator_dtype):
@@ -154,7 +156,7 @@ def _apply_sma(updates, state, params, *, window):
 
 
 @combinator
-def sma(window, *, accumulator_dtype=None):
+def sma(window: int, *, accumulator_dtype: DType = None) -> Update:
     """Simple moving average: the mean of the last ``window`` values.
 
     Update rule: ``u = (x_{t-n+1} + ... + x_t) / n`` with ``n = min(t,
@@ -182,8 +184,9 @@ def sma(window, *, accumulator_dtype=None):
         5.5
 
     References:
-        The simple moving average of signal processing; optax.contrib's
-        accumulation utilities.
+        The simple (boxcar) moving average of signal processing, e.g. the
+        moving-average system of Oppenheim & Schafer, "Discrete-Time Signal
+        Processing", 3rd ed., 2010, chapter 2.
     """
     options = dict(window=check.positive_int("sma", "window", window),
                    accumulator_dtype=check.float_dtype("sma", "accumulator_dtype", accumulator_dtype))
@@ -197,8 +200,8 @@ def sma(window, *, accumulator_dtype=None):
 class WeightedMovingAverageState(NamedTuple):
     """The EMA of ``value·weight`` and the EMA of ``weight`` (both without debiasing: it cancels)."""
 
-    weighted_sum: object
-    weight_sum: object
+    weighted_sum: Any
+    weight_sum: Any
 
 
 def _init_weighted_moving_average(params, *, accumulator_dtype):
@@ -228,7 +231,7 @@ def _apply_weighted_moving_average(updates, state, params, *, decay, weight=1.0)
 
 
 @combinator
-def weighted_moving_average(decay, *, accumulator_dtype=None):
+def weighted_moving_average(decay: ScalarOrSchedule, *, accumulator_dtype: DType = None) -> Update:
     """Weighted exponential moving average: ``EMA(value·weight) / EMA(weight)``.
 
     Each ``update(values, state, weight=w)`` observes the values with weight

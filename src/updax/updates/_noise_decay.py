@@ -13,6 +13,8 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import ScalarOrSchedule
+from updax._update import Update
 
 
 def _apply_add_decayed_weights(updates, params, *, decay):
@@ -24,7 +26,7 @@ def _apply_add_decayed_weights(updates, params, *, decay):
 
 
 @combinator
-def add_decayed_weights(decay=0.0):
+def add_decayed_weights(decay: ScalarOrSchedule = 0.0) -> Update:
     """Adds ``decay`` times the parameters to the updates (decoupled weight decay).
 
     Update rule: ``u ← u + decay·p``.
@@ -101,7 +103,7 @@ def _check_key(call, key):
 
 
 @combinator
-def add_noise(eta=0.01, gamma=0.55, key=0):
+def add_noise(eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55, key: int | jax.Array = 0) -> Update:
     """Adds annealed Gaussian noise to the updates.
 
     Update rule, as in the paper (Polaris uses the variance as the standard

@@ -11,6 +11,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import moment, per_leaf
 
@@ -54,7 +55,8 @@ def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps):
 
 
 @combinator
-def scale_by_newton_schulz(ns_coeffs=_NS_COEFFS, ns_steps=5, eps=1e-8):
+def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
+                           eps: ScalarOrSchedule = 1e-8) -> Update:
     """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
 
     Update rule, for a leaf with two axes (other leaves pass unchanged), with
@@ -129,7 +131,9 @@ def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, e
 
 
 @combinator
-def scale_by_muon(ns_coeffs=_NS_COEFFS, ns_steps=5, beta=0.95, eps=1e-8, nesterov=True, *, mu_dtype=None):
+def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
+                  beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, nesterov: bool = True, *,
+                  mu_dtype: DType = None) -> Update:
     """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
 
     Update rule (t counts from 1), then :func:`scale_by_newton_schulz` on
@@ -197,7 +201,7 @@ def _apply_scale_by_shape(updates, params):
 
 
 @combinator
-def scale_by_shape():
+def scale_by_shape() -> Update:
     """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
 
     Update rule: ``u ← u·sqrt(max(1, n/m))`` for a 2-D leaf of shape
@@ -215,6 +219,7 @@ def scale_by_shape():
 
     References:
         Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024; optax.contrib.scale_by_shape.
+        networks", 2024 (the shape factor of Muon's update), as applied by
+        optax.contrib.muon.
     """
     return stateless(_apply_scale_by_shape, name="scale_by_shape")

@@ -14,6 +14,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import moment, per_leaf
 
@@ -65,7 +66,8 @@ def _apply_scale_by_rms(updates, state, params, *, decay, eps):
 
 
 @combinator
-def scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, *, nu_dtype=None):
+def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, initial_scale: ScalarOrSchedule = 0.0,
+                 *, nu_dtype: DType = None) -> Update:
     """Scales updates by the root of an EMA of their squares (RMSProp).
 
     Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``.
@@ -120,7 +122,9 @@ def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
 
 
 @combinator
-def scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0, *, mu_dtype=None, nu_dtype=None):
+def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
+                    initial_scale: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+                    nu_dtype: DType = None) -> Update:
     """Scales updates by the root of the centred EMA of their squares (centred RMSProp).
 
     Update rule::
@@ -178,7 +182,8 @@ def _apply_scale_by_rss(updates, state, params, *, eps):
 
 
 @combinator
-def scale_by_rss(initial_accumulator_value=0.1, eps=1e-7, *, accumulator_dtype=None):
+def scale_by_rss(initial_accumulator_value: ScalarOrSchedule = 0.1, eps: ScalarOrSchedule = 1e-7, *,
+                 accumulator_dtype: DType = None) -> Update:
     """Scales updates by the root of the sum of all their squares so far (AdaGrad).
 
     Update rule: ``s ← s + g²;  u = g / sqrt(s + eps)`` (0 where ``s = 0``).
@@ -235,7 +240,8 @@ def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
 
 
 @combinator
-def scale_by_adadelta(rho=0.9, eps=1e-6, *, accumulator_dtype=None):
+def scale_by_adadelta(rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6, *,
+                      accumulator_dtype: DType = None) -> Update:
     """Scales updates by AdaDelta: the RMS of past steps over the RMS of updates.
 
     Update rule (``u`` is a direction: follow it with a negative scale)::

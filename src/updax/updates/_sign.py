@@ -15,6 +15,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import moment, per_leaf
 
@@ -44,7 +45,7 @@ def _apply_scale_by_sign(updates, params):
 
 
 @combinator
-def scale_by_sign():
+def scale_by_sign() -> Update:
     """Replaces each update by its sign (signSGD; after an EMA, signum).
 
     Update rule: ``u = sign(g)``, with ``sign(0) = 0``.
@@ -83,7 +84,7 @@ def _apply_scale_by_lion(updates, state, params, *, b1, b2):
 
 
 @combinator
-def scale_by_lion(b1=0.9, b2=0.99, *, mu_dtype=None):
+def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu_dtype: DType = None) -> Update:
     """Scales updates to the sign of an interpolation of momentum and update (Lion).
 
     Update rule (the sign uses the old ``m``; ``m`` is updated after)::
@@ -145,7 +146,9 @@ def _apply_scale_by_rprop(updates, state, params, *, eta_minus, eta_plus, min_st
 
 
 @combinator
-def scale_by_rprop(learning_rate, eta_minus=0.5, eta_plus=1.2, min_step_size=1e-6, max_step_size=50.0):
+def scale_by_rprop(learning_rate: ScalarOrSchedule, eta_minus: ScalarOrSchedule = 0.5,
+                   eta_plus: ScalarOrSchedule = 1.2, min_step_size: ScalarOrSchedule = 1e-6,
+                   max_step_size: ScalarOrSchedule = 50.0) -> Update:
     """Scales updates by Rprop: a per-element step size adapted to sign agreement (iRprop-).
 
     Update rule, per element (iRprop-: on a sign change the step is skipped,

@@ -12,6 +12,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
+from updax._typing import ArrayLike, PyTree
 from updax._update import Update
 from updax.updates._clipping import global_norm
 
@@ -21,7 +22,8 @@ def _count_not_finite(tree) -> jax.Array:
     return sum(counts, jnp.zeros([], jnp.int32))
 
 
-def skip_not_finite(updates, gradient_step, params):
+def skip_not_finite(updates: PyTree, gradient_step: ArrayLike,
+                    params: PyTree) -> tuple[jax.Array, dict[str, jax.Array]]:
     """A skip function for :func:`accumulate_gradients`: skip updates holding a NaN or an infinity.
 
     Args:
@@ -71,11 +73,12 @@ class skip_large_updates:
 
     max_squared_norm: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bound = check.nonnegative("skip_large_updates", "max_squared_norm", self.max_squared_norm)
         object.__setattr__(self, "max_squared_norm", float(bound))
 
-    def __call__(self, updates, gradient_step, params):
+    def __call__(self, updates: PyTree, gradient_step: ArrayLike,
+                 params: PyTree) -> tuple[jax.Array, dict[str, jax.Array]]:
         del gradient_step, params
         norm_squared = jnp.square(global_norm(updates))
         skip = ~(norm_squared <= self.max_squared_norm)  # also skips NaN
@@ -110,7 +113,7 @@ def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_err
 
 
 @combinator(wraps=True)
-def apply_if_finite(inner: Update, max_consecutive_errors=5):
+def apply_if_finite(inner: Update, max_consecutive_errors: int = 5) -> Update:
     """Drops steps whose updates are not finite, leaving the pipeline before it untouched.
 
     The wrapped pipeline runs on every call; when its input or its output

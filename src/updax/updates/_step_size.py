@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
+from updax._typing import ScalarOrSchedule, ScheduleLike
 from updax._update import Update
 from updax.updates._kernels import scaled
 
@@ -50,7 +51,7 @@ def _apply_scale(updates, params, *, step_size):
 
 
 @combinator
-def scale(step_size):
+def scale(step_size: ScalarOrSchedule) -> Update:
     """Multiplies updates by a fixed step size.
 
     Update rule: ``u ← α·u``.
@@ -87,7 +88,7 @@ def _apply_scale_by_state(updates, state, params):
 
 
 @combinator
-def scale_by_state(step_size):
+def scale_by_state(step_size: ScalarOrSchedule) -> Update:
     """Multiplies updates by a step size held in state (Axon's tunable learning rate).
 
     Update rule: ``u ← α·u`` with ``α = state.step_size``. Outside code reads
@@ -129,7 +130,7 @@ def _apply_scale_by_schedule(updates, state, params, *, schedule_fn):
 
 
 @combinator
-def scale_by_schedule(schedule_fn):
+def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
     """Multiplies updates by ``schedule_fn(count)``.
 
     Update rule: ``u ← η(t)·u``, with ``t = 0`` on the first call.
@@ -171,7 +172,7 @@ def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
 
 
 @combinator
-def scale_by_learning_rate(learning_rate):
+def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
     """Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
 
     Update rule: ``u ← -η·u``, where ``η`` is a number or a schedule
@@ -236,8 +237,9 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
 
 
 @combinator
-def reduce_on_plateau(factor=0.1, patience=10, rtol=1e-4, atol=0.0, cooldown=0, accumulation_size=1,
-                      min_scale=0.0):
+def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: ScalarOrSchedule = 1e-4,
+                      atol: ScalarOrSchedule = 0.0, cooldown: int = 0, accumulation_size: int = 1,
+                      min_scale: ScalarOrSchedule = 0.0) -> Update:
     """Multiplies updates by a factor that drops when the reported loss stops improving.
 
     Pass the loss to every call: ``opt.update(grads, state, params, loss=loss)``
