@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import updax as ux
 from registry import nested_tree
@@ -72,3 +73,19 @@ def test_a_mask_tree_and_a_callable_pytree_are_not_functions():
     opt = ux.masked(ux.scale(2.0), {"w": True, "b": False})
     out, _ = opt.update({"w": jnp.ones(1), "b": jnp.ones(1)}, opt.init({"w": jnp.ones(1), "b": jnp.ones(1)}))
     assert float(out["w"][0]) == 2.0 and float(out["b"][0]) == 1.0
+
+
+def test_a_mask_for_the_whole_params_applies_inside_another_masked():
+    """The inner mask is written for all the params; the outer masked hands it only its own leaves."""
+    params = {"w": jnp.ones(2), "b": jnp.ones(1), "e": jnp.ones(3)}
+    grads = {"w": jnp.full(2, 2.0), "b": jnp.full(1, 3.0), "e": jnp.full(3, 4.0)}
+    opt = ux.trace(0.5).masked({"w": True, "b": False, "e": True}).masked({"w": True, "b": True, "e": False})
+    state = opt.init(params)
+    assert jax.tree.leaves(state) and all(x.shape == (2,) for x in jax.tree.leaves(state))  # a trace for w only
+    for _ in range(2):
+        updates, state = opt.update(grads, state, params)
+    np.testing.assert_allclose(updates["w"], 2.0 * 1.5)  # traced: 2, then 2 + 0.5·2
+    np.testing.assert_allclose(updates["b"], 3.0)  # masked out by the inner mask
+    np.testing.assert_allclose(updates["e"], 4.0)  # masked out by the outer mask
+    with pytest.raises(ValueError, match=r"masked: mask does not match params: \['x'\] is in mask but not in params"):
+        ux.trace().masked({"w": True, "b": True, "e": True, "x": True}).init(params)

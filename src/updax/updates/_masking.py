@@ -21,7 +21,18 @@ def _is_function(labels) -> bool:
 
 
 def _resolve(call, spec, params, what):
+    """The mask or labels for ``params``, without the entries of leaves that are None in ``params``.
+
+    Inside another ``masked`` or ``partition`` the leaves left out are None, so a mask written for the whole
+    params still applies there.
+    """
     tree = spec(params) if _is_function(spec) else spec
+    if jax.tree.structure(tree) != jax.tree.structure(params):
+        try:
+            tree = jax.tree.map(lambda entry, p: None if p is None else entry, tree, params,
+                                is_leaf=lambda x: x is None)
+        except ValueError:
+            pass  # not a prefix: the check below names the first differing path
     _tree.check_same_structure(call, params, tree, "params", what)
     return tree
 
