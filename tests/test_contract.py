@@ -157,19 +157,61 @@ def test_no_recompilation_on_second_call_or_new_hyperparameters(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_composes_with_itself_and_with_a_stateless_stage(name):
+    """compose(opt, opt).scale(0.5) equals running opt twice in a row, then halving, step after step."""
     opt = ENTRIES[name]()
     params = nested_tree()
-    grads = nested_tree(seed=1)
-
     twice = ux.compose(opt, opt).scale(0.5)
     assert len(twice.stages) == 2 * len(opt.stages) + 1
-    updates, _ = twice.update(grads, twice.init(params), params, loss=LOSS)
+    state, first_state, second_state = twice.init(params), opt.init(params), opt.init(params)
+    nonzero = False
+    for t in range(4):  # enough calls for accumulate_gradients(2) inside accumulate_gradients(2) to step
+        grads = nested_tree(seed=t + 1)
+        updates, state = twice.update(grads, state, params, loss=LOSS)
+        first, first_state = opt.update(grads, first_state, params, loss=LOSS)
+        second, second_state = opt.update(first, second_state, params, loss=LOSS)
+        expected = jax.tree.map(lambda u: u * 0.5, second)
+        for x, y in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=f"step {t + 1}")
+            nonzero |= bool(np.any(np.asarray(x) != 0))
+    assert nonzero, "every update was zero: the comparison above proved nothing"
 
-    first, _ = opt.update(grads, opt.init(params), params, loss=LOSS)
-    second, _ = opt.update(first, opt.init(params), params, loss=LOSS)
-    expected = jax.tree.map(lambda u: u * 0.5, second)
-    for x, y in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+#: Real-valued options that are not schedulable, and why.
+NOT_SCHEDULABLE = {("ema", "init"): "the starting value, a number or a tree shaped like the values"}
+
+
+def _stages(opt):
+    """The stages of a pipeline and of the pipelines its wrappers run."""
+    for stage in opt.stages:
+        yield stage
+        if stage.wraps is not None:
+            yield from _stages(stage.option(stage.wraps))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_real_option_is_schedulable_and_a_constant_schedule_changes_nothing(name):
+    opt = ENTRIES[name]()
+    scheduled = []
+    for stage in opt.stages:
+        for key, value in stage.options:
+            if isinstance(value, float) and (stage.label, key) not in NOT_SCHEDULABLE:
+                assert key in stage.schedulable, f"{stage.label}.{key} is real-valued but not schedulable"
+        for key in stage.schedulable:
+            value = stage.option(key)
+            if not callable(value):
+                stage = stage._with_option(key, lambda count, v=value: jnp.asarray(v, jnp.float32))
+        assert stage.scheduled == stage.schedulable
+        scheduled.append(stage)
+    for inner in _stages(opt):
+        for key, value in inner.options:
+            if isinstance(value, float) and (inner.label, key) not in NOT_SCHEDULABLE:
+                assert key in inner.schedulable, f"{inner.label}.{key} is real-valued but not schedulable"
+    with_schedules = ux.Update(scheduled)
+    constant, _ = _run(opt, 3, jnp.float32, jit=False)
+    schedule, _ = _run(with_schedules, 3, jnp.float32, jit=False)
+    for a, b in zip(jax.tree.leaves(constant), jax.tree.leaves(schedule)):
+        # A Python float's 1 - b is rounded once from double precision, a float32 schedule's in float32.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)

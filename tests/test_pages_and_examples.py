@@ -125,9 +125,10 @@ def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
         assert row["max_rel_diff"] < 1e-3, row
         # Adam's state is its two float32 moments and a step count, nothing more.
         assert abs(row["updax_state_mb"] - 2 * 4 * row["params"] / 2**20) < 1e-3, row
-        # Donated params and state are updated in place: the step holds params, both moments, the gradients
-        # and its temporaries, once each (no output buffer of its own).
-        assert abs(row["updax_peak_mb"] - (4 * 4 * row["params"] / 2**20 + row["updax_temp_mb"])) < 1e-3, row
+        # Donated params and state are updated in place: the step holds params, both moments and the
+        # gradients (four float32 buffers) and its temporaries, and not one more params-sized buffer.
+        buffers_mb, one_more_mb = 4 * 4 * row["params"] / 2**20, 4 * row["params"] / 2**20
+        assert buffers_mb <= row["updax_peak_mb"] < buffers_mb + row["updax_temp_mb"] + one_more_mb, row
         assert row["bandwidth_gb_s"] > 0, row
     assert (tmp_path / "results-quick.json").exists()
     assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()
