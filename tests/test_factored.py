@@ -327,7 +327,7 @@ BAD = [
     (scale_by_factored_rms, dict(decay_rate=-0.5), ValueError,
      "scale_by_factored_rms(decay_rate=-0.5): decay_rate must be in [0, inf]"),
     (scale_by_factored_rms, dict(step_offset=-1), ValueError,
-     "scale_by_factored_rms(step_offset=-1): step_offset must be an integer >= 0"),
+     "scale_by_factored_rms(step_offset=-1): step_offset must be a non-negative integer"),
     (scale_by_factored_rms, dict(min_dim_size_to_factor=0), ValueError,
      "scale_by_factored_rms(min_dim_size_to_factor=0): min_dim_size_to_factor must be a positive integer"),
     (scale_by_factored_rms, dict(epsilon=float("nan")), ValueError, "epsilon must be in [0, inf]"),

@@ -297,7 +297,7 @@ class exponential_decay(Schedule):
         self._set(init_value=check.number(call, "init_value", init_value),
                   decay_rate=check.number(call, "decay_rate", decay_rate, 0.0, lo_open=True),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin),
+                  transition_begin=check.integer(call, "transition_begin", transition_begin, 0),
                   staircase=check.flag(call, "staircase", staircase),
                   end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
@@ -396,7 +396,7 @@ class polynomial_decay(Schedule):
                   end_value=check.number(call, "end_value", end_value),
                   power=check.number(call, "power", power, 0.0, lo_open=True),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
-                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin))
+                  transition_begin=check.integer(call, "transition_begin", transition_begin, 0))
 
     def __call__(self, count: ArrayLike) -> jax.Array:
         return _polynomial(_real(count), _real(self.init_value), _real(self.end_value), _real(self.power),
@@ -443,7 +443,7 @@ class linear_decay(Schedule):
     def __init__(self, init_value: Scalar, *, warmup: int = 0, steps: int = 1000) -> None:
         call = "linear_decay"
         steps = check.positive_int(call, "steps", steps)
-        warmup = check.nonnegative_int(call, "warmup", warmup)
+        warmup = check.integer(call, "warmup", warmup, 0)
         if warmup > steps:
             check.fail(call, "warmup", warmup, f"must be in [0, steps] = [0, {steps}]")
         self._set(init_value=check.number(call, "init_value", init_value), warmup=warmup, steps=steps)
@@ -734,7 +734,7 @@ class warmup_cosine_decay(Schedule):
     def __init__(self, init_value: Scalar, peak_value: Scalar, warmup_steps: int, decay_steps: int,
                  end_value: Scalar = 0.0, exponent: Scalar = 1.0) -> None:
         call = "warmup_cosine_decay"
-        warmup_steps = check.nonnegative_int(call, "warmup_steps", warmup_steps)
+        warmup_steps = check.integer(call, "warmup_steps", warmup_steps, 0)
         decay_steps = check.positive_int(call, "decay_steps", decay_steps)
         if decay_steps <= warmup_steps:
             check.fail(call, "decay_steps", decay_steps, f"must be greater than warmup_steps={warmup_steps}")
@@ -807,10 +807,10 @@ class warmup_exponential_decay(Schedule):
         call = "warmup_exponential_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   peak_value=check.number(call, "peak_value", peak_value),
-                  warmup_steps=check.nonnegative_int(call, "warmup_steps", warmup_steps),
+                  warmup_steps=check.integer(call, "warmup_steps", warmup_steps, 0),
                   transition_steps=check.positive_int(call, "transition_steps", transition_steps),
                   decay_rate=check.number(call, "decay_rate", decay_rate, 0.0, lo_open=True),
-                  transition_begin=check.nonnegative_int(call, "transition_begin", transition_begin),
+                  transition_begin=check.integer(call, "transition_begin", transition_begin, 0),
                   staircase=check.flag(call, "staircase", staircase),
                   end_value=None if end_value is None else check.number(call, "end_value", end_value))
 
@@ -872,7 +872,7 @@ class join_schedules(Schedule):
         if len(boundaries) != len(schedules) - 1:
             check.fail(call, "boundaries", boundaries,
                         f"must hold len(schedules) - 1 = {len(schedules) - 1} steps")
-        boundaries = tuple(check.nonnegative_int(call, "boundaries", b) for b in boundaries)
+        boundaries = tuple(check.integer(call, "boundaries", b, 0) for b in boundaries)
         if list(boundaries) != sorted(boundaries):
             check.fail(call, "boundaries", boundaries, "must be non-decreasing")
         self._set(schedules=tuple(fn if isinstance(fn, Schedule) else _Function(fn) for fn in schedules),

@@ -86,30 +86,19 @@ def positive(call: str, name: str, value: Any) -> Any:
     return real(call, name, value, 0.0, lo_open=True)
 
 
-def positive_int(call: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(call, name, value, "must be a positive integer", TypeError)
-    if value < 1:
-        fail(call, name, value, "must be a positive integer")
-    return int(value)
-
-
 def integer(call: str, name: str, value: Any, low: int = 0) -> int:
     """A Python integer >= ``low``."""
+    what = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer >= {low}")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(call, name, value, f"must be an integer >= {low}", TypeError)
+        fail(call, name, value, f"must be {what}", TypeError)
     if value < low:
-        fail(call, name, value, f"must be an integer >= {low}")
+        fail(call, name, value, f"must be {what}")
     return int(value)
 
 
-def nonnegative_int(call: str, name: str, value: Any) -> int:
-    """A Python integer >= 0 (a step count)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        fail(call, name, value, "must be a non-negative integer", TypeError)
-    if value < 0:
-        fail(call, name, value, "must be a non-negative integer")
-    return int(value)
+def positive_int(call: str, name: str, value: Any) -> int:
+    """A Python integer >= 1."""
+    return integer(call, name, value, 1)
 
 
 def boundaries(call: str, name: str, mapping: Any, value_check: Callable[[str, str, Any], Any]) -> dict[int, Any]:
