@@ -169,11 +169,8 @@ class Stage:
             raise ValueError(f"{call}: options {sorted(static & schedulable)} cannot be both static and schedulable")
         if not isinstance(needs_params, bool):
             raise TypeError(f"{call}(needs_params={needs_params!r}): needs_params must be True or False")
-        if wraps is not None:
-            from updax._update import Update  # noqa: PLC0415  (the pipeline type is defined on top of stages)
-
-            if not isinstance(options.get(wraps), Update):
-                raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
+        if wraps is not None and not _is_pipeline(options.get(wraps)):
+            raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
         if name is not None:
             kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable)
             _bind(name, kind)
@@ -293,6 +290,12 @@ class Stage:
 
     def __repr__(self) -> str:
         return self._arguments(with_wrapped=True)
+
+
+def _is_pipeline(value: Any) -> bool:
+    """An update object: a tuple of stages (checked by shape, since pipelines are built on stages)."""
+    stages = getattr(value, "stages", None)
+    return isinstance(stages, tuple) and all(isinstance(stage, Stage) for stage in stages)
 
 
 def _store(call, key, value, static):
