@@ -40,11 +40,15 @@ def _apply_sign_momentum(updates, state, params, *, decay):
 
 @ux.combinator
 def scale_by_sign_momentum(decay=0.9):
-    """Replaces the updates by the sign of their EMA; ``decay`` in [0, 1)."""
-    if not 0.0 <= decay < 1.0:  # validate when the object is built, naming the call
-        raise ValueError(f"scale_by_sign_momentum(decay={decay!r}): decay must be in [0, 1)")
+    """Replaces the updates by the sign of their EMA; ``decay`` in [0, 1), or a schedule ``count -> decay``."""
+    if not callable(decay):
+        if not 0.0 <= decay < 1.0:  # validate when the object is built, naming the call
+            raise ValueError(f"scale_by_sign_momentum(decay={decay!r}): decay must be in [0, 1)")
+        decay = float(decay)
+    # `schedulable` declares that `decay` may be a schedule: the stage then evaluates it at its own step
+    # count and the kernel sees a number. Any other callable option would reach the kernel as a function.
     return ux.stateful(_init_sign_momentum, _apply_sign_momentum, name="scale_by_sign_momentum",
-                       options={"decay": float(decay)})
+                       options={"decay": decay}, schedulable=("decay",))
 
 
 def loss_fn(params):
@@ -81,6 +85,14 @@ def main():
 
     momentum = opt.get_state(state, "scale_by_sign_momentum.momentum")
     print(f"momentum read by name: {momentum['w']}")
+
+    # The decay as a schedule: from 0.5 to 0.9 over the first 10 steps.
+    ramp = ux.schedules.polynomial_decay(0.5, end_value=0.9, power=1.0, transition_steps=10)
+    scheduled = ux.clip_by_global_norm(max_norm=1.0).scale_by_sign_momentum(decay=ramp).scale(-0.05)
+    state = scheduled.init(params)
+    for _ in range(3):
+        params, state = step(scheduled, params, state)
+    print(f"scheduled decay on the last step: {float(scheduled.get_state(state, 'scale_by_sign_momentum.decay')):.2f}")
 
     try:
         scale_by_sign_momentum(decay=1.5)
