@@ -451,3 +451,10 @@ def test_polaris_names_and_defaults():
     assert defaults(uxs.polynomial_decay) == dict(init_value=empty, end_value=1e-3, power=2, transition_steps=10,
                                                   transition_begin=0)
     assert defaults(uxs.linear_decay) == dict(init_value=empty, warmup=0, steps=1000)
+
+
+def test_a_schedule_keeps_a_copy_of_a_numpy_option():
+    value = np.array(0.5, np.float32)
+    schedule = uxs.constant(value)
+    value[...] = 2.0
+    assert float(schedule(3)) == 0.5

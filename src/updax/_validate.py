@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from updax._options import canonical
+
 
 def fail(call: str, name: str, value: Any, what: str, exc: type[Exception] = ValueError) -> NoReturn:
     raise exc(f"{call}({name}={value!r}): {name} {what}")
@@ -60,6 +62,7 @@ def number(call: str, name: str, value: Any, lo: float | None = None, hi: float 
             fail(call, name, value, "must be a real scalar", TypeError)
         if isinstance(value, jax.core.Tracer):
             return value
+        value = canonical(value)  # a NumPy array becomes a read-only copy: the caller cannot change it later
         concrete = float(value)
     else:
         fail(call, name, value, "must be a real number", TypeError)

@@ -74,7 +74,7 @@ class skip_large_updates:
     max_squared_norm: float
 
     def __post_init__(self) -> None:
-        bound = check.nonnegative("skip_large_updates", "max_squared_norm", self.max_squared_norm)
+        bound = check.number("skip_large_updates", "max_squared_norm", self.max_squared_norm, 0.0)
         object.__setattr__(self, "max_squared_norm", float(bound))
 
     def __call__(self, updates: PyTree, gradient_step: ArrayLike,
