@@ -15,9 +15,8 @@ P = ParamSpec("P")
 #: Attributes of update objects that a combinator may not take as its name.
 _RESERVED = frozenset({"init", "update", "pipe", "get_state", "replace_state", "stages"})
 
-_REGISTRY: dict[str, Callable[..., Update]] = {}
-#: The registered wrappers' names (their factory takes the parent pipeline first).
-_WRAPPERS: set[str] = set()
+#: name -> (the registered combinator, whether it is a wrapper: its factory takes the parent pipeline first)
+_REGISTRY: dict[str, tuple[Callable[..., Update], bool]] = {}
 
 
 class Combinator(Protocol[P]):
@@ -32,7 +31,7 @@ class Combinator(Protocol[P]):
 
 def registered() -> dict[str, tuple[Callable[..., Update], bool]]:
     """The registered combinators by name, each with whether it is a wrapper (a copy)."""
-    return {name: (build, name in _WRAPPERS) for name, build in _REGISTRY.items()}
+    return dict(_REGISTRY)
 
 
 @overload
@@ -113,7 +112,7 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
                 return made
             return Update((*parent.stages, *made.stages))
 
-        previous = _REGISTRY.get(fname)
+        previous = _REGISTRY.get(fname, (None,))[0]
         if previous is None and (fname in _RESERVED or hasattr(Update, fname)):
             raise ValueError(f"cannot register combinator {fname!r}: it would hide Update.{fname}")
         origin = (factory.__module__, factory.__qualname__)
@@ -128,8 +127,7 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
 
         functools.update_wrapper(method, factory)
         setattr(Update, fname, method)
-        _REGISTRY[fname] = build
-        (_WRAPPERS.add if wraps else _WRAPPERS.discard)(fname)
+        _REGISTRY[fname] = (build, wraps)
         return build
 
     return register if factory is None else register(factory)

@@ -216,7 +216,7 @@ class Stage:
         return {k: v for k, v in values.items() if accepted is None or k in accepted}
 
     def _values(self, count):
-        """The options, with each schedule evaluated at ``count`` (at least float32)."""
+        """The options, with each schedule evaluated at ``count`` (at least float32; unused without schedules)."""
         values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
         for key in self.scheduled:
             value = jnp.asarray(values[key](count))
@@ -245,9 +245,8 @@ class Stage:
             if not isinstance(state, ScheduledState):
                 raise ValueError(f"{self.label}: its options are scheduled, so its state must be the "
                                  f"ScheduledState that init() returns, got {type(state).__name__}")
-            values, state = self._values(outer.count), outer.state
-        else:
-            values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
+            state = outer.state
+        values = self._values(outer.count if self.scheduled else None)
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         if self.init_fn is None:
             updates = self.apply_fn(updates, params, **kwargs)

@@ -1,4 +1,4 @@
-"""Type aliases of the public API, for annotations (IDEs and type checkers); nothing here runs."""
+"""Type aliases of the public API, for annotations (IDEs and type checkers); the code never checks them."""
 
 from __future__ import annotations
 

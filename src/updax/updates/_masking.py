@@ -31,7 +31,7 @@ def _resolve(call, spec, params, what):
         try:
             tree = jax.tree.map(lambda entry, p: None if p is None else entry, tree, params,
                                 is_leaf=lambda x: x is None)
-        except ValueError:
+        except (ValueError, TypeError):
             pass  # not a prefix: the check below names the first differing path
     _tree.check_same_structure(call, params, tree, "params", what)
     return tree
