@@ -392,7 +392,7 @@ BAD = [
      "exponential_decay(staircase=1): staircase must be True or False"),
     (lambda: uxs.exponential_decay(0.1, transition_begin=-1), ValueError,
      "exponential_decay(transition_begin=-1): transition_begin must be a non-negative integer"),
-    (lambda: uxs.polynomial_decay(0.1, power=0.0), ValueError, "polynomial_decay(power=0.0): power must be in (0, inf]"),
+    (lambda: uxs.polynomial_decay(0.1, power=0.0), ValueError, "polynomial_decay(power=0.0): power must be in (0, inf)"),
     (lambda: uxs.linear_decay(0.1, warmup=20, steps=10), ValueError, "linear_decay(warmup=20): warmup must be in [0, steps]"),
     (lambda: uxs.piecewise_constant(0.1, {-1: 0.5}), ValueError, "piecewise_constant(boundaries_and_values={-1: 0.5})"),
     (lambda: uxs.piecewise_constant(0.1, [(4, 1.0)]), TypeError,

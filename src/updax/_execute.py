@@ -1,29 +1,82 @@
-"""The execution loop: a pipeline's state at init, and one step through its stages."""
+"""The execution loop: a pipeline's state at init, and one step through its stages.
+
+Every check here looks at tree structure and shapes only, so under
+``jax.jit`` it runs once, while tracing, and costs nothing per step.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from updax import _fused
-from updax._stage import Stage
+import jax
+import jax.numpy as jnp
+
+from updax import _fused, _tree
+from updax._stage import Stage, check_stage_result
 
 __all__ = ["init", "step"]
+
+_RESTORE_HINT = ("pass the state that init() returned (a checkpoint must be restored with opt.init(params) as its "
+                 "target, so that the state keeps its NamedTuple types)")
 
 
 def init(stages: Sequence[Stage], params: Any) -> tuple:
     """The initial state: one entry per stage, in pipeline order."""
+    params = _tree.as_arrays("init", params, "params")
     return tuple(stage.init(params) for stage in stages)
 
 
-def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[str, Any]) -> tuple[Any, tuple]:
-    """Runs ``updates`` through the pipeline's stages, each with its own state."""
+def _expected_state(pipeline: Any, reference: Any) -> Any:
+    """The shapes of ``pipeline.init(reference)``, or None if they cannot be worked out from shapes alone."""
+    leaves, treedef = jax.tree.flatten(reference)
+    key = (treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+    cache = pipeline._state_shapes
+    if key not in cache:
+        try:
+            cache[key] = jax.eval_shape(pipeline.init, reference)
+        except Exception:  # e.g. a mask that looks at values: the step reports its own errors then
+            cache[key] = None
+        if len(cache) > 64:  # params of many shapes through one object: keep the newest
+            del cache[next(iter(cache))]
+    return cache[key]
+
+
+def _check_state(pipeline: Any, state: Any, reference: Any, of: str) -> None:
     stages = pipeline.stages
     if not isinstance(state, (tuple, list)) or len(state) != len(stages):
         got = (f"{type(state).__name__} of length {len(state)}" if isinstance(state, (tuple, list))
                else type(state).__name__)
         raise ValueError(f"{pipeline!r}: state must be the tuple of {len(stages)} stage states that init() "
                          f"returns, got a {got}")
+    expected = _expected_state(pipeline, reference)
+    if expected is None:
+        return
+    found = _tree.mismatch(expected, tuple(state), "state")
+    if found is not None:
+        where, want, got = found
+        raise ValueError(f"{pipeline!r}: the state does not fit {of}: at {where} init() gives {want}, the state "
+                         f"has {got}; {_RESTORE_HINT}")
+
+
+def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[str, Any]) -> tuple[Any, tuple]:
+    """Runs ``updates`` through the pipeline's stages, each with its own state.
+
+    First checks what it was given: floating (or complex) updates, params of
+    the same structure and shapes, and a state of the structure and shapes
+    ``init`` gives; each stage's result is checked against what it got.
+    """
+    stages = pipeline.stages
+    updates = _tree.as_arrays("update", updates, "updates", floating=True)
+    if params is not None:
+        params = _tree.as_arrays("update", params, "params")
+        found = _tree.mismatch(params, updates)
+        if found is not None:
+            where, want, got = found
+            raise ValueError(f"{pipeline!r}: updates do not fit params: at {where or '<root>'} params have {want}, "
+                             f"updates have {got}")
+    _check_state(pipeline, state, updates if params is None else params,
+                 "these updates" if params is None else "these params")
     new_state, i = [], 0
     while i < len(stages):
         run, width = _fused.find(stages[i:], params)
@@ -31,7 +84,10 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
             updates, stage_state = stages[i].apply(updates, state[i], params, extra)
             new_state.append(stage_state)
         else:
-            updates, states = run(stages[i:i + width], updates, tuple(state[i:i + width]), params, dict(extra))
+            group = stages[i:i + width]
+            given = tuple(state[i:i + width])
+            result = run(group, updates, given, params, dict(extra))
+            updates, states = check_stage_result(" |> ".join(s.label for s in group), updates, given, result)
             new_state.extend(states)
         i += width
     return updates, tuple(new_state)

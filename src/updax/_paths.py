@@ -73,9 +73,16 @@ def _where(path: str, stage: Stage, entry, field: str) -> str:
                    f"(fields: {list(getattr(own, '_fields', ()))}; options: {options})")
 
 
-def _entry(state, steps):
-    node = state
+def _entry(pipeline, state, steps, call):
+    node, current = state, pipeline
     for position, wrapped in steps:
+        if not isinstance(node, (tuple, list)) or len(node) != len(current.stages):
+            got = (f"a {type(node).__name__} of length {len(node)}" if isinstance(node, (tuple, list))
+                   else _tree.describe(node))
+            raise TypeError(f"{call}: expected the state of {current!r} (the tuple of {len(current.stages)} stage "
+                            f"states its init() returns), got {got}")
+        if wrapped is not None:
+            current = current.stages[position].option(wrapped)
         node = node[position]
         if wrapped is not None:
             node = getattr(_own(node), wrapped)
@@ -85,7 +92,7 @@ def _entry(state, steps):
 def get_state(pipeline, state: Any, path: str) -> Any:
     """See :meth:`updax.Update.get_state`."""
     steps, field, stage = _resolve(pipeline, path)
-    entry = _entry(state, steps)
+    entry = _entry(pipeline, state, steps, f"get_state({path!r})")
     if field is None:
         return entry
     where = _where(path, stage, entry, field)
@@ -99,7 +106,7 @@ def get_state(pipeline, state: Any, path: str) -> Any:
 def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
     """See :meth:`updax.Update.replace_state`."""
     steps, field, stage = _resolve(pipeline, path)
-    entry = _entry(state, steps)
+    entry = _entry(pipeline, state, steps, f"replace_state({path!r})")
     if field is not None and _where(path, stage, entry, field) != "state":
         raise KeyError(f"replace_state({path!r}): {field} is a hyperparameter, not state; build the "
                        f"update object with the new value (or a schedule) instead")
@@ -123,15 +130,43 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
 
 
 def _like(path, old, value):
-    """Casts ``value`` to the structure, shapes and dtypes of ``old``."""
-    def cast(o, v):
-        if isinstance(o, (jax.Array, np.ndarray, np.generic)):
-            v = jnp.asarray(v, dtype=o.dtype)
-            if v.shape != o.shape:
-                raise ValueError(f"replace_state({path!r}): shape {v.shape} differs from the current {o.shape}")
+    """Casts ``value`` to the structure, shapes and dtypes of ``old``; refuses values the dtype cannot hold."""
+    call = f"replace_state({path!r})"
+
+    def cast(where, o, v):
+        if not isinstance(o, (jax.Array, np.ndarray, np.generic)):
+            return v
+        leaf = f"the new value{jax.tree_util.keystr(where)}"
+        if not isinstance(v, jax.core.Tracer):
+            try:
+                given = np.asarray(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"{call}: {leaf} is {v!r}, not a number or an array") from None
+            counter = "count" in jax.tree_util.keystr(where) or (not where and path.endswith("count"))
+            _check_fits_dtype(call, leaf, given, o.dtype, counter)
+        v = jnp.asarray(v, dtype=o.dtype)
+        if v.shape != o.shape:
+            raise ValueError(f"{call}: shape {v.shape} differs from the current {o.shape}")
         return v
 
     if isinstance(old, (jax.Array, np.ndarray, np.generic)):
-        return cast(old, value)
-    _tree.check_same_structure(f"replace_state({path!r})", old, value, "the current state", "the new value")
-    return jax.tree.map(cast, old, value)
+        return cast((), old, value)
+    _tree.check_same_structure(call, old, value, "the current state", "the new value")
+    return jax.tree_util.tree_map_with_path(cast, old, value)
+
+
+def _check_fits_dtype(call, leaf, value, dtype, counter):
+    """Raises unless every element of ``value`` is exactly representable as ``dtype`` (no wrap, no truncation)."""
+    dtype = jnp.dtype(dtype)
+    if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+        raise TypeError(f"{call}: {leaf} has dtype {value.dtype}, not a number")
+    if np.issubdtype(value.dtype, np.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        raise TypeError(f"{call}: {leaf} is complex but the state holds {dtype.name}")
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        low = 0 if counter else info.min
+        if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value) & (value == np.round(value))):
+            raise ValueError(f"{call}: {leaf} must hold whole numbers for the {dtype.name} state, got {value}")
+        if value.size and (np.min(value) < low or np.max(value) > info.max):
+            raise ValueError(f"{call}: {leaf} must be in [{low}, {info.max}] for the {dtype.name} state"
+                             f"{' (a step counter)' if counter else ''}, got {value}")

@@ -165,7 +165,10 @@ def compose(*updates: Update) -> Update:
 def apply_updates(params: Any, updates: Any) -> Any:
     """``params + updates``, leaf by leaf, keeping each param's dtype.
 
-    The sum is computed in the wider of the two dtypes, then cast back.
+    The sum is computed in the wider of the two dtypes, then cast back. Each
+    update must have its param's shape exactly (nothing is broadcast), params
+    must be floating or complex, and a real param takes only real updates;
+    otherwise the error names the leaf.
 
     Args:
         params: the parameters, any pytree of arrays. No default.
@@ -180,10 +183,20 @@ def apply_updates(params: Any, updates: Any) -> Any:
         >>> ux.apply_updates({"w": jnp.ones(2, jnp.bfloat16)}, {"w": jnp.full(2, 0.5)})
         {'w': Array([1.5, 1.5], dtype=bfloat16)}
     """
-    def add(p, u):
+    def add(where, p, u):
         p, u = jnp.asarray(p), jnp.asarray(u)
+        leaf = f"params{jax.tree_util.keystr(where)}"
+        if p.shape != u.shape:
+            raise ValueError(f"apply_updates: {leaf} has shape {p.shape} but its update has shape {u.shape}; "
+                             "shapes must match exactly (nothing is broadcast)")
+        if not jnp.issubdtype(p.dtype, jnp.inexact):
+            raise TypeError(f"apply_updates: {leaf} has dtype {p.dtype}: only floating or complex params can be "
+                            "updated (the sum would be truncated); keep integer leaves out of the trained params")
+        if jnp.issubdtype(u.dtype, jnp.complexfloating) and not jnp.issubdtype(p.dtype, jnp.complexfloating):
+            raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
+                            "the imaginary part would be dropped")
         wide = _tree.wider(p.dtype, u.dtype)
         return (p.astype(wide) + u.astype(wide)).astype(p.dtype)
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
-    return jax.tree.map(add, params, updates)
+    return jax.tree_util.tree_map_with_path(add, params, updates)

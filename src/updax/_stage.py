@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, key_of, keywords
 
-__all__ = ["EmptyState", "ScheduledState", "Stage"]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates"]
 
 
 class EmptyState(NamedTuple):
@@ -220,6 +220,10 @@ class Stage:
         values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
         for key in self.scheduled:
             value = jnp.asarray(values[key](count))
+            if value.shape != () or not (jnp.issubdtype(value.dtype, jnp.floating)
+                                         or jnp.issubdtype(value.dtype, jnp.integer)):
+                raise TypeError(f"{self.label}: the schedule for {key} returned {value.dtype.name} of shape "
+                                f"{value.shape}; a schedule must return a real scalar")
             if jnp.issubdtype(value.dtype, jnp.floating):
                 value = value.astype(_tree.compute_dtype(value.dtype))
             values[key] = value
@@ -236,7 +240,7 @@ class Stage:
 
     def apply(self, updates: Any, state: Any, params: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:
         """Runs the stage: ``(updates, state)`` after one step; ``extra`` are the keywords ``update`` got."""
-        if self.needs_params and params is None:
+        if self.needs_params and params is None and jax.tree.leaves(updates):  # (no leaves: nothing to need)
             raise ValueError(
                 f"{self.label} needs params, but update() got none: call update(updates, state, params)"
             )
@@ -249,9 +253,10 @@ class Stage:
         values = self._values(outer.count if self.scheduled else None)
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         if self.init_fn is None:
-            updates = self.apply_fn(updates, params, **kwargs)
+            updates = check_updates(self.label, updates, self.apply_fn(updates, params, **kwargs))
         else:
-            updates, state = self.apply_fn(updates, state, params, **kwargs)
+            updates, state = check_stage_result(self.label, updates, state,
+                                                self.apply_fn(updates, state, params, **kwargs))
         if self.scheduled:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
                                    hyperparams={k: values[k] for k in sorted(self.scheduled)})
@@ -289,6 +294,31 @@ class Stage:
 
     def __repr__(self) -> str:
         return self._arguments(with_wrapped=True)
+
+
+def check_updates(label: str, given: Any, returned: Any) -> Any:
+    """``returned``, if it has the structure and shapes of the updates the stage was ``given``; else raises."""
+    found = _tree.mismatch(given, returned, "updates")
+    if found is not None:
+        where, want, got = found
+        raise ValueError(f"{label}: the stage must return updates shaped like the updates it gets: at {where} it "
+                         f"got {want} and returned {got} (a leaf whose shape changes is silent broadcasting: the "
+                         f"updates and the state must come from the same params)")
+    return returned
+
+
+def check_stage_result(label: str, updates: Any, state: Any, result: Any) -> tuple[Any, Any]:
+    """The ``(updates, state)`` a stateful kernel returned, checked against what it got: same structures and shapes."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"{label}: apply_fn must return a pair (updates, state), got {_tree.describe(result)}")
+    new_updates, new_state = result
+    check_updates(label, updates, new_updates)
+    found = _tree.mismatch(state, new_state, "state")
+    if found is not None:
+        where, want, got = found
+        raise ValueError(f"{label}: apply_fn must return a state of the structure and shapes init gives: at {where} "
+                         f"it got {want} and returned {got}")
+    return new_updates, new_state
 
 
 def _is_pipeline(value: Any) -> bool:

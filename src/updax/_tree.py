@@ -60,6 +60,24 @@ def safe_increment(count):
     return jnp.where(count < _INT32_MAX, count + 1, _INT32_MAX).astype(count.dtype)
 
 
+def cyclic_increment(count, period):
+    """``count + 1`` that, at the int32 maximum, steps back ``period - 1`` instead of wrapping.
+
+    Past the maximum the count cycles through its last ``period`` values, so
+    ``count % period`` keeps advancing by one per step: a ring-buffer slot or
+    a phase of ``period`` steps stays right forever. With ``period = 1`` it
+    is :func:`safe_increment`.
+    """
+    back = jnp.asarray(period, count.dtype) - 1
+    return jnp.where(count < _INT32_MAX, count + 1, count - back).astype(count.dtype)
+
+
+def float_count(count):
+    """A step count as the default float: float32, or float64 with ``jax_enable_x64`` (so that float64
+    optimizers' bias corrections are float64-accurate)."""
+    return count.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+
+
 def wider(*dtypes):
     """The widest of some floating dtypes, without relying on the promotion mode.
 
@@ -100,3 +118,103 @@ def is_scalar(value) -> bool:
 
 def zero_count():
     return jnp.zeros([], jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# Fitting trees to each other, with messages that name the path
+
+
+def _children(x):
+    """``[(path suffix, child), ...]`` of a pytree node, or None for a leaf."""
+    try:
+        keyed, _ = jax.tree_util.flatten_one_level_with_keys(x)
+    except ValueError:
+        return None
+    if hasattr(x, "_fields"):
+        return [(f".{field}", child) for field, (_, child) in zip(x._fields, keyed)]
+    return [(jax.tree_util.keystr((key,)), child) for key, child in keyed]
+
+
+def describe(x) -> str:
+    """A short description of a pytree node or leaf, for error messages."""
+    if hasattr(x, "_fields"):
+        return f"{type(x).__name__}({', '.join(x._fields)})"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))}"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of length {len(x)}"
+    if x is None:
+        return "None"
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"an array of shape {tuple(shape)}"
+    return f"a {type(x).__name__}"
+
+
+def shape_of(x) -> tuple:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(x)
+
+
+def mismatch(expected, actual, path: str = ""):
+    """The first place where ``actual`` differs from ``expected`` in containers or leaf shapes.
+
+    Returns None when they fit, else ``(path, what expected has, what actual has)``.
+    """
+    if jax.tree.structure(expected) == jax.tree.structure(actual):
+        pairs = zip(jax.tree_util.tree_flatten_with_path(expected)[0], jax.tree.leaves(actual))
+        for (where, e), a in pairs:
+            if shape_of(e) != shape_of(a):
+                return path + jax.tree_util.keystr(where), f"shape {shape_of(e)}", f"shape {shape_of(a)}"
+        return None
+    return _first_mismatch(expected, actual, path)
+
+
+def _first_mismatch(expected, actual, path):
+    ec, ac = _children(expected), _children(actual)
+    if ec == [] and ac == []:  # two empty nodes (EmptyState, (), None): nothing to mismatch
+        return None
+    if ec is None and ac is None:
+        es, as_ = shape_of(expected), shape_of(actual)
+        return None if es == as_ else (path, f"shape {es}", f"shape {as_}")
+    if isinstance(expected, dict) and isinstance(actual, dict) and type(expected) is type(actual):
+        for key in sorted(set(expected) ^ set(actual), key=str):  # name the first key only one of them has
+            where = path + jax.tree_util.keystr((jax.tree_util.DictKey(key),))
+            if key in expected:
+                return where, describe(expected[key]), "nothing"
+            return where, "nothing", describe(actual[key])
+    if isinstance(expected, list) and type(expected) is type(actual) and len(expected) != len(actual):
+        n = min(len(expected), len(actual))  # name the first element only one of them has
+        where = f"{path}[{n}]"
+        return (where, "nothing", describe(actual[n])) if n == len(expected) else \
+            (where, describe(expected[n]), "nothing")
+    if ec is None or ac is None or type(expected) is not type(actual) or [k for k, _ in ec] != [k for k, _ in ac]:
+        return path or "<root>", describe(expected), describe(actual)
+    for (key, e), (_, a) in zip(ec, ac):
+        found = _first_mismatch(e, a, path + key)
+        if found:
+            return found
+    return None
+
+
+def as_arrays(call: str, tree, name: str, *, floating: bool = False):
+    """``tree`` with Python and NumPy scalars as JAX arrays; with ``floating``, every leaf must be floating or
+    complex (integer and boolean updates would be silently truncated by the kernels)."""
+    def array(where, x):
+        if isinstance(x, jax.Array):
+            return x
+        try:
+            return jnp.asarray(x)
+        except TypeError:
+            raise TypeError(f"{call}: {name}{jax.tree_util.keystr(where)} is {x!r}; the leaves of {name} must be "
+                            "arrays or numbers") from None
+
+    if not all(isinstance(x, jax.Array) for x in jax.tree.leaves(tree)):
+        tree = jax.tree_util.tree_map_with_path(array, tree)
+    if floating:
+        for where, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+                raise TypeError(f"{call}: {name}{jax.tree_util.keystr(where)} has dtype {leaf.dtype}; {name} must be "
+                                f"floating point or complex (cast them, e.g. with .astype(jnp.float32), or leave "
+                                f"integer leaves out of what the optimizer sees)")
+    return tree

@@ -65,9 +65,10 @@ class Update:
         Array(1, dtype=int32)
     """
 
-    __slots__ = ("stages",)
+    __slots__ = ("stages", "_state_shapes")
 
     stages: tuple[Stage, ...]
+    _state_shapes: dict[Any, Any]  # the shapes init() gives, by the params' structure, shapes and dtypes
 
     def __init__(self, stages: Iterable[Stage] = ()) -> None:
         """The pipeline of ``stages``; a wrapper stage with nothing to wrap wraps the stages before it."""
@@ -76,6 +77,7 @@ class Update:
             if not isinstance(stage, Stage):
                 raise TypeError(f"Update(stages=...): expected Stage objects, got {stage!r}")
         object.__setattr__(self, "stages", _absorb(stages))
+        object.__setattr__(self, "_state_shapes", {})
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("update objects are immutable")

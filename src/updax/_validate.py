@@ -28,8 +28,8 @@ def fail(call: str, name: str, value: Any, what: str, exc: type[Exception] = Val
 
 
 def _interval(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
-    left = "(" if lo_open else "["
-    right = ")" if hi_open else "]"
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
     low = "-inf" if lo is None else f"{lo:g}"
     high = "inf" if hi is None else f"{hi:g}"
     return f"{left}{low}, {high}{right}"
@@ -51,14 +51,19 @@ def real(call: str, name: str, value: Any, lo: float | None = None, hi: float | 
 
 def number(call: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
            lo_open: bool = False, hi_open: bool = False) -> Any:
-    """A real scalar in an interval, never a schedule; Python ints become floats (see :func:`real`)."""
+    """A finite real scalar in an interval, never a schedule; Python ints become floats (see :func:`real`).
+
+    NaN and infinities are refused whatever the interval, and so are complex
+    and boolean values.
+    """
     if isinstance(value, bool) or value is None:
         fail(call, name, value, "must be a real number", TypeError)
     if isinstance(value, numbers.Real):
         concrete = float(value)
         value = concrete if isinstance(value, int) else value
     elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
-        if jnp.ndim(value) != 0 or not jnp.issubdtype(jnp.result_type(value), jnp.number):
+        dtype = jnp.result_type(value)
+        if jnp.ndim(value) != 0 or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
             fail(call, name, value, "must be a real scalar", TypeError)
         if isinstance(value, jax.core.Tracer):
             return value
@@ -66,13 +71,14 @@ def number(call: str, name: str, value: Any, lo: float | None = None, hi: float 
         concrete = float(value)
     else:
         fail(call, name, value, "must be a real number", TypeError)
-    bad = math.isnan(concrete)
+    bad = not math.isfinite(concrete)  # (NaN and infinities lie outside every interval, bounded or not)
     if lo is not None:
         bad |= concrete <= lo if lo_open else concrete < lo
     if hi is not None:
         bad |= concrete >= hi if hi_open else concrete > hi
     if bad:
-        fail(call, name, value, f"must be in {_interval(lo, hi, lo_open, hi_open)}")
+        fail(call, name, value, "must be a finite number" if lo is None and hi is None
+             else f"must be in {_interval(lo, hi, lo_open, hi_open)}")
     return value
 
 
@@ -89,13 +95,20 @@ def positive(call: str, name: str, value: Any) -> Any:
     return real(call, name, value, 0.0, lo_open=True)
 
 
-def integer(call: str, name: str, value: Any, low: int = 0) -> int:
-    """A Python integer >= ``low``."""
+_INT32_MAX = 2**31 - 1
+
+
+def integer(call: str, name: str, value: Any, low: int = 0, high: int | None = None, why: str = "") -> int:
+    """A Python integer >= ``low`` (and <= ``high`` if given; ``why`` says why the bound)."""
     what = {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer >= {low}")
+    if high is not None:
+        what = f"an integer in [{low}, {high}]{why}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         fail(call, name, value, f"must be {what}", TypeError)
-    if value < low:
+    if value < low or (high is not None and value > high):
         fail(call, name, value, f"must be {what}")
+    if value > _INT32_MAX:  # it is compared with int32 step counters
+        fail(call, name, value, "must be at most 2**31 - 1 (step counters are int32)")
     return int(value)
 
 

@@ -30,7 +30,7 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
     Args:
         learning_rate: a number or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
         ns_coeffs: the quintic Newton-Schulz coefficients. Default: ``(3.4445, -4.775, 2.0315)``.
-        ns_steps: Newton-Schulz iterations. Default: ``5``.
+        ns_steps: Newton-Schulz iterations, an integer in [1, 100]. Default: ``5``.
         beta: momentum decay. Default: ``0.95``.
         eps: Newton-Schulz normalisation and Adam's denominator term. Default: ``1e-08``.
         decay: decoupled weight decay of the matrices. Default: ``0.0``.

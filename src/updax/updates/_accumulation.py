@@ -119,7 +119,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
     k = jnp.asarray(steps(state.gradient_step) if callable(steps) else steps, jnp.int32)
     accumulated = _tree.tree_map("accumulate_gradients", lambda a, g: a + g.astype(a.dtype), state.accumulated,
                                  updates, names=("state.accumulated", "updates"))
-    mini_step = state.mini_step + 1
+    mini_step = _tree.safe_increment(state.mini_step)
     ready = (mini_step >= k) & ~skip
 
     def run(operand):

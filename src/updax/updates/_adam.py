@@ -18,7 +18,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import adam_direction, bias_corrections, moment, per_leaf
+from updax.updates._kernels import abs_sq, adam_direction, bias_corrections, moment, per_leaf, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -91,7 +91,7 @@ def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
     c1, c2 = bias_corrections(count, b1, b2)
 
     def leaf(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
         return adam_direction(m, v, c1, c2, eps, eps_root), m, v
 
     return _adam_like_update("scale_by_adam", leaf, updates, state, count)
@@ -149,8 +149,8 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root):
 
     def leaf(g, m, s):
         m = moment(b1, m, g)
-        s = moment(b2, s, jnp.square(g - m)) + eps_root
-        return (m / c1) / (jnp.sqrt(s / c2) + eps), m, s
+        s = moment(b2, s, abs_sq(g - m)) + eps_root
+        return (m / c1) / (safe_sqrt(s / c2) + eps), m, s
 
     return _adam_like_update("scale_by_belief", leaf, updates, state, count)
 
@@ -201,7 +201,7 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
 def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, threshold):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
-    t = count.astype(jnp.float32)
+    t = _tree.float_count(count)
     rho_inf = 2.0 / (1.0 - b2) - 1.0
     rho = rho_inf - 2.0 * t * (1.0 - c2) / c2
     # The rectifier is defined for rho > 4 only; a threshold below 4 must not
@@ -211,9 +211,9 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
     r = jnp.sqrt(jnp.where(rectified, ratio, 1.0))
 
     def leaf(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
         m_hat = m / c1
-        return jnp.where(rectified, r * m_hat / (jnp.sqrt(v / c2 + eps_root) + eps), m_hat), m, v
+        return jnp.where(rectified, r * m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m_hat), m, v
 
     return _adam_like_update("scale_by_radam", leaf, updates, state, count)
 
@@ -278,7 +278,7 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
     c1, c2 = bias_corrections(count, b1, b2)
 
     def leaf(g, m, v):
-        g2 = g * g
+        g2 = abs_sq(g)
         m, v = moment(b1, m, g), v - (1 - b2) * jnp.sign(v - g2) * g2
         return adam_direction(m, v, c1, c2, eps, eps_root), m, v
 
@@ -344,9 +344,9 @@ def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
     c1, c2 = bias_corrections(count, b1, b2)
 
     def leaf(g, m, v, v_max):
-        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
         v_max = jnp.maximum(v_max, v / c2)
-        return (m / c1) / (jnp.sqrt(v_max + eps_root) + eps), m, v, v_max
+        return (m / c1) / (safe_sqrt(v_max + eps_root) + eps), m, v, v_max
 
     u, mu, nu, nu_max = per_leaf("scale_by_amsgrad", leaf, (updates, state.mu, state.nu, state.nu_max),
                                  ("updates", "state.mu", "state.nu", "state.nu_max"))
@@ -475,9 +475,9 @@ def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
     (c1_next,) = bias_corrections(_tree.safe_increment(count), b1)
 
     def leaf(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, g * g)
+        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
         m_hat = b1 * m / c1_next + (1 - b1) * g / c1
-        return m_hat / (jnp.sqrt(v / c2 + eps_root) + eps), m, v
+        return m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m, v
 
     return _adam_like_update("scale_by_nadam", leaf, updates, state, count)
 
@@ -546,8 +546,8 @@ def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
         diff = jnp.where(first, 0.0, g - g_prev)
         m, d = moment(b1, m, g), moment(b2, d, diff)
         look_ahead = g + b2 * diff
-        n = moment(b3, n, look_ahead * look_ahead)
-        return (m / c1 + b2 * d / c2) / (jnp.sqrt(n / c3 + eps_root) + eps), m, d, n, g
+        n = moment(b3, n, abs_sq(look_ahead))
+        return (m / c1 + b2 * d / c2) / (safe_sqrt(n / c3 + eps_root) + eps), m, d, n, g
 
     u, mu, mu_diff, nu, prev = per_leaf(
         "scale_by_adan", leaf, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),

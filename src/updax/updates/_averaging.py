@@ -202,7 +202,11 @@ def ema_params(decay: ScalarOrSchedule = 0.999, *, decay_min: bool = False, accu
 
 
 class SwaState(NamedTuple):
-    """The applied steps, the snapshots taken, and their running mean."""
+    """The applied steps, the snapshots taken, and their running mean.
+
+    At the int32 maximum ``count`` cycles through its last ``period`` values,
+    so snapshots keep coming every ``period`` steps; ``snapshots`` saturates.
+    """
 
     count: jax.Array
     snapshots: jax.Array
@@ -215,12 +219,12 @@ def _init_swa(params, *, accumulator_dtype):
 
 
 def _apply_swa(updates, state, params, *, start, period):
-    step = state.count + 1
+    step = _tree.cyclic_increment(state.count, period)
     take = (step >= start) & ((step - start) % period == 0)
     n = state.snapshots.astype(jnp.float32)
     keep = jnp.where(take, n / (n + 1.0), 1.0)
     average = _mix(state.average, params, updates, keep)
-    return updates, SwaState(count=_tree.safe_increment(state.count),
+    return updates, SwaState(count=step,
                              snapshots=jnp.where(take, _tree.safe_increment(state.snapshots), state.snapshots),
                              average=average)
 

@@ -11,9 +11,11 @@ from updax._combinators import combinator
 from updax._primitives import stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.updates._kernels import abs_sq, real_only, safe_sqrt
 
 
 def _apply_clip(updates, params, *, delta):
+    real_only("clip", updates)  # complex numbers have no order to clip by
     return jax.tree.map(lambda g: jnp.clip(g, -delta, delta).astype(g.dtype), updates)
 
 
@@ -44,9 +46,9 @@ def clip(delta: ScalarOrSchedule = 2.0) -> Update:
 
 
 def global_norm(updates: PyTree) -> jax.Array:
-    """The L2 norm of all leaves together, computed in at least float32."""
-    squares = [jnp.sum(jnp.square(g.astype(_tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
-    return jnp.sqrt(sum(squares, jnp.zeros([], jnp.float32)))
+    """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from ``|g|²``)."""
+    squares = [jnp.sum(abs_sq(g.astype(_tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
+    return safe_sqrt(sum(squares, jnp.zeros([], jnp.float32)))  # (a finite gradient at a zero update)
 
 
 def _apply_clip_by_global_norm(updates, params, *, max_norm):

@@ -20,7 +20,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import moment
+from updax.updates._kernels import abs_sq, moment, real_only, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -89,7 +89,8 @@ def _init_scale_by_factored_rms(params, *, factored, min_dim_size_to_factor, acc
 
 def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate, step_offset,
                                  min_dim_size_to_factor, epsilon):
-    t = (state.count - step_offset + 1).astype(jnp.float32)
+    real_only("scale_by_factored_rms", updates)
+    t = (state.count - step_offset).astype(jnp.float32) + 1.0  # + 1 in float: the count may be the int32 maximum
     decay = 1.0 - t ** (-decay_rate)
 
     def leaf(g, r0, c0, v0):
@@ -179,7 +180,7 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 
 
 
 def _rms(x):
-    return jnp.sqrt(jnp.mean(x * x))
+    return safe_sqrt(jnp.mean(abs_sq(x)))
 
 
 def _apply_scale_by_param_block_rms(updates, params, *, min_scale):
@@ -285,6 +286,7 @@ def _along(ndim, axis):
 
 def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
     call = "scale_by_sm3"
+    real_only(call, updates)
     _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
 
     def leaf(g, covers, m0):
@@ -301,7 +303,7 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
         if g.ndim < 2:
             new = (s,)
         else:
-            new = tuple(jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i)) for i in range(g.ndim))
+            new = tuple(jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i), initial=0.0) for i in range(g.ndim))
         return m.astype(g.dtype), tuple(x.astype(a.dtype) for x, a in zip(new, covers)), m.astype(m0.dtype)
 
     # state.accumulators holds a tuple per leaf of updates: map over updates' structure, then unzip.

@@ -4,6 +4,13 @@ Kernels compute in at least float32 (the widest of the dtypes involved, see
 :func:`updax._tree.compute_dtype`) and store each result in the dtype of
 what it replaces: an update in the update's dtype, a moment in the moment's
 storage dtype. :func:`per_leaf` does that casting once for all of them.
+
+Complex numbers: second moments and norms use ``|g|² = (g·conj(g)).real``
+(:func:`abs_sq`, plain ``g·g`` for real dtypes), so norms are real and first
+moments keep their phase, as in optax. Accumulators keep the params' dtype,
+so a complex ``nu`` holds real values with a zero imaginary part. A stage
+whose rule needs an ordering or a sign rejects complex updates with
+:func:`real_only`.
 """
 
 from __future__ import annotations
@@ -28,13 +35,60 @@ def per_leaf(call: str, fn: Callable[..., tuple], trees: Sequence[Any], names: S
     storage dtype. The trees must match ``trees[0]``; a mismatch names
     ``call`` and the first differing path.
     """
+    def store(out, x, name):
+        if jnp.iscomplexobj(out) and not jnp.iscomplexobj(x):
+            raise TypeError(f"{call}: {name} is stored as {x.dtype} but holds complex values; keep the "
+                            "accumulators of complex params complex (leave the *_dtype option at None)")
+        return out.astype(x.dtype)
+
     def leaf(*xs):
         c = _tree.compute_dtype(*(x.dtype for x in xs))
         outs = fn(*(x.astype(c) for x in xs))
-        return tuple(out.astype(x.dtype) for out, x in zip(outs, xs))
+        return tuple(store(out, x, name) for out, x, name in zip(outs, xs, names))
 
     n_out = len(trees) if n_out is None else n_out
     return _tree.tree_map_unzip(call, leaf, n_out, *trees, names=tuple(names))
+
+
+def real_only(call: str, tree: Any, name: str = "updates") -> None:
+    """Raises a TypeError naming ``call`` and the first complex leaf of ``tree``, if it has one.
+
+    For the stages whose rule is not defined for complex numbers (a sign, an
+    ordering, a clip by value) or not written for them; it runs at trace time.
+    """
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if jnp.iscomplexobj(leaf):
+            raise TypeError(f"{call}: complex {name} are not supported ({name}{jax.tree_util.keystr(path)} is "
+                            f"{jnp.result_type(leaf)}); split them into real and imaginary parts, or see "
+                            "'Complex numbers' in docs/guide.md for the stages that support them")
+
+
+def abs_sq(x: jax.Array) -> jax.Array:
+    """``|x|²``, real: ``x·x`` for a real ``x`` (bit for bit), ``(x·conj(x)).real`` for a complex one."""
+    return (x * jnp.conj(x)).real if jnp.iscomplexobj(x) else x * x
+
+
+@jax.custom_jvp
+def safe_sqrt(x: jax.Array) -> jax.Array:
+    """``sqrt(x)`` for ``x >= 0``, bit for bit, whose derivative at ``x = 0`` is taken as 0 instead of infinite.
+
+    The kernels take roots of sums of squares: norms, and second moments plus
+    ``eps_root >= 0``. Where such a sum is 0 it is at its minimum, so its
+    tangent is 0 and the step's derivative is finite, but ``jnp.sqrt``'s
+    infinite one makes it ``0·∞ = NaN`` (at a zero update, a zero gradient
+    history). Only along ``eps_root`` itself, at ``eps_root = 0``, is the
+    one-sided derivative infinite where the numerator is not 0 as well; it is
+    taken as 0 there too.
+    """
+    return jnp.sqrt(x)
+
+
+@safe_sqrt.defjvp
+def _safe_sqrt_jvp(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    root = jnp.sqrt(x)
+    nonzero = root != 0  # (not root > 0: a complex moment holding real values comes here too)
+    return root, dx * jnp.where(nonzero, 0.5 / jnp.where(nonzero, root, 1.0), 0.0)
 
 
 def moment(decay: Any, old: jax.Array, new: jax.Array) -> jax.Array:
@@ -44,13 +98,13 @@ def moment(decay: Any, old: jax.Array, new: jax.Array) -> jax.Array:
 
 def bias_corrections(count: jax.Array, *decays: Any) -> tuple[jax.Array, ...]:
     """``1 - decay^t`` for each decay, with ``t`` the (already incremented) step count."""
-    t = count.astype(jnp.float32)
+    t = _tree.float_count(count)
     return tuple(1 - decay**t for decay in decays)
 
 
 def adam_direction(m: jax.Array, v: jax.Array, c1: Any, c2: Any, eps: Any, eps_root: Any) -> jax.Array:
     """Adam's step from the new moments and the bias corrections: ``m̂ / (sqrt(v̂ + eps_root) + eps)``."""
-    return (m / c1) / (jnp.sqrt(v / c2 + eps_root) + eps)
+    return (m / c1) / (safe_sqrt(v / c2 + eps_root) + eps)
 
 
 def scaled(g: jax.Array, factor: Any) -> jax.Array:
@@ -64,17 +118,20 @@ def scaled(g: jax.Array, factor: Any) -> jax.Array:
 
 
 def _safe_norm(x: jax.Array, min_norm: Any) -> jax.Array:
-    norm = jnp.sqrt(jnp.sum(jnp.square(x)))
+    """``max(‖x‖, min_norm)``, real for a complex ``x``, with a finite gradient at ``x = 0``."""
+    norm = safe_sqrt(jnp.sum(abs_sq(x)))
     return jnp.where(norm <= min_norm, min_norm, norm)
 
 
 def trust_ratio(g: jax.Array, p: jax.Array, min_norm: Any, trust_coefficient: Any, eps: Any) -> jax.Array:
-    """One leaf's trust ratio ``c·‖p‖ / (‖g‖ + eps)`` (1 when either norm is 0), in the compute dtype."""
+    """One leaf's trust ratio ``c·‖p‖ / (‖g‖ + eps)`` (1 when either norm is 0), real, at the compute precision."""
     c = _tree.compute_dtype(g.dtype, p.dtype)
     param_norm = _safe_norm(p.astype(c), min_norm)
     update_norm = _safe_norm(g.astype(c), min_norm)
-    ratio = trust_coefficient * param_norm / (update_norm + eps)
-    return jnp.where((param_norm == 0) | (update_norm == 0), 1.0, ratio)
+    either_zero = (param_norm == 0) | (update_norm == 0)
+    # Double where: the discarded branch divides by 1, not by a zero norm, so its gradient stays finite.
+    ratio = trust_coefficient * param_norm / (jnp.where(either_zero, 1.0, update_norm) + eps)
+    return jnp.where(either_zero, 1.0, ratio)
 
 
 def trust_ratios(updates: Any, params: Any, min_norm: Any, trust_coefficient: Any, eps: Any) -> Any:
@@ -84,8 +141,9 @@ def trust_ratios(updates: Any, params: Any, min_norm: Any, trust_coefficient: An
 
 
 def trust_scaled(g: jax.Array, ratio: jax.Array) -> jax.Array:
-    """``g`` rescaled by its trust ratio, in ``g``'s dtype."""
-    return (g.astype(ratio.dtype) * ratio).astype(g.dtype)
+    """``g`` rescaled by its trust ratio, in ``g``'s dtype (a complex ``g`` keeps its phase: the ratio is real)."""
+    c = _tree.compute_dtype(g.dtype, ratio.dtype)
+    return (g.astype(c) * ratio.astype(c)).astype(g.dtype)
 
 
 # --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import per_leaf, trust_ratios, trust_scaled
+from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
 
 
 class ScaleByNovogradState(NamedTuple):
@@ -89,8 +89,8 @@ def _apply_scale_by_novograd(updates, state, params, *, b1, b2, eps, eps_root, d
 
     def leaf(g, m, v, p=None):
         d1, d2 = b1_t.astype(g.dtype), b2_t.astype(g.dtype)
-        v = d2 * v + (1 - d2) * jnp.sum(g * g)
-        step = g / (jnp.sqrt(v + eps_root) + eps)
+        v = d2 * v + (1 - d2) * jnp.sum(abs_sq(g))
+        step = g / (safe_sqrt(v + eps_root) + eps)
         if p is not None:
             step = step + decay * p
         m = d1 * m + step

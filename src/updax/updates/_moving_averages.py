@@ -126,7 +126,11 @@ def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, dec
 
 
 class SmaState(NamedTuple):
-    """The observation count and the last ``window`` observations (a ring buffer on a leading axis)."""
+    """The observation count and the last ``window`` observations (a ring buffer on a leading axis).
+
+    At the int32 maximum ``count`` cycles through its last ``window`` values,
+    so the slot it points to in the ring buffer keeps advancing.
+    """
 
     count: jax.Array
     window_values: Any
@@ -142,7 +146,7 @@ def _init_sma(params, *, window, accumulator_dtype):
 
 def _apply_sma(updates, state, params, *, window):
     slot = state.count % window
-    seen = jnp.minimum(state.count + 1, window)
+    seen = jnp.minimum(state.count, window - 1) + 1
 
     def leaf(buf, x):
         buf = buf.at[slot].set(x.astype(buf.dtype))
@@ -152,7 +156,7 @@ def _apply_sma(updates, state, params, *, window):
 
     out, buffers = _tree.tree_map_unzip("sma", leaf, 2, state.window_values, updates,
                                         names=("state.window_values", "updates"))
-    return out, SmaState(count=_tree.safe_increment(state.count), window_values=buffers)
+    return out, SmaState(count=_tree.cyclic_increment(state.count, window), window_values=buffers)
 
 
 @combinator
@@ -214,6 +218,11 @@ def _apply_weighted_moving_average(updates, state, params, *, decay, weight=1.0)
     if _tree.is_scalar(weight):
         weight = jax.tree.map(lambda _: weight, updates)
     _tree.check_same_structure("weighted_moving_average", updates, weight, "updates", "weight")
+    for (where, x), w in zip(jax.tree_util.tree_flatten_with_path(updates)[0], jax.tree.leaves(weight)):
+        w_shape, x_shape = jnp.shape(w), jnp.shape(x)
+        if len(w_shape) > len(x_shape) or any(a not in (1, b) for a, b in zip(w_shape[::-1], x_shape[::-1])):
+            raise ValueError(f"weighted_moving_average: weight{jax.tree_util.keystr(where)} has shape {w_shape}, "
+                             f"which does not broadcast to the values' shape {x_shape}")
 
     def leaf(x, w, ws0, s0):
         c = _tree.compute_dtype(x.dtype, s0.dtype)

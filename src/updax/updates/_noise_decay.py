@@ -87,19 +87,30 @@ def _apply_add_noise(updates, state, params, *, eta, gamma):
     return noisy, AddNoiseState(count=count, key=jax.random.key_data(keys[0]))
 
 
+_SEEDS = 2**32  # jax.random.key folds a seed into 32 bits: -1 and 2**32 - 1 would be the same key
+
+
 def _check_key(call, key):
+    """An int seed in [0, 2**32), a 0-d integer array in that range, a typed PRNG key, or raw key data."""
+    what = ("must be an int seed in [0, 2**32), a PRNG key (jax.random.key) or its raw data "
+            "(jax.random.key_data)")
     if isinstance(key, bool):
-        raise TypeError(f"{call}(key={key!r}): key must be an int seed or a PRNG key")
+        raise TypeError(f"{call}(key={key!r}): key {what}")
     if isinstance(key, numbers.Integral):
+        if not 0 <= key < _SEEDS:
+            raise ValueError(f"{call}(key={key!r}): key {what}; seeds outside it wrap onto other seeds' keys")
         return int(key)
     if isinstance(key, (jax.Array, np.ndarray)):
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
             return key
-        if key.dtype == jnp.uint32 and key.ndim == 1:
+        raw = jax.random.key_data(jax.random.key(0))
+        if key.dtype == raw.dtype and key.shape == raw.shape:
             return key
         if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
+            if not isinstance(key, jax.core.Tracer) and not 0 <= int(key) < _SEEDS:
+                raise ValueError(f"{call}(key={key!r}): key {what}; seeds outside it wrap onto other seeds' keys")
             return key
-    raise TypeError(f"{call}(key={key!r}): key must be an int seed or a PRNG key")
+    raise TypeError(f"{call}(key={key!r}): key {what}")
 
 
 @combinator
@@ -114,7 +125,8 @@ def add_noise(eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55, key:
     Args:
         eta: the initial variance, >= 0. Default: ``0.01``.
         gamma: the annealing exponent, >= 0. Default: ``0.55``.
-        key: an int seed or a JAX PRNG key; the same key gives the same noise.
+        key: an int seed in [0, 2**32), a JAX PRNG key or its raw key data;
+            the same key gives the same noise.
             Default: ``0``.
 
     Returns:

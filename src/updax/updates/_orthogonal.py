@@ -13,7 +13,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import moment, per_leaf
+from updax.updates._kernels import abs_sq, moment, per_leaf, real_only, safe_sqrt
 
 # The quintic Newton–Schulz coefficients of Muon (Jordan et al., 2024).
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -32,13 +32,22 @@ def _check_ns_coeffs(call, value):
     return tuple(check.number(call, "ns_coeffs", k) for k in value)
 
 
+#: Newton-Schulz iterations are unrolled into the compiled step, so their number is bounded (5 is usual).
+MAX_NS_STEPS = 100
+
+
+def _check_ns_steps(call, ns_steps):
+    return check.integer(call, "ns_steps", ns_steps, 1, MAX_NS_STEPS, " (each iteration is unrolled into the "
+                         "compiled step)")
+
+
 def _newton_schulz(x, ns_coeffs, ns_steps, eps):
     """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on a matrix, from ``x / (‖x‖_F + eps)``."""
     a, b, c = (jnp.asarray(k, x.dtype) for k in ns_coeffs)
     tall = x.shape[0] > x.shape[1]
     if tall:  # the iteration commutes with transposition: work with the smaller Gram matrix
         x = x.T
-    x = x / (jnp.linalg.norm(x) + eps)
+    x = x / (safe_sqrt(jnp.sum(abs_sq(x))) + eps)  # jnp.linalg.norm(x), with a finite gradient at x = 0
     for _ in range(ns_steps):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
@@ -46,6 +55,8 @@ def _newton_schulz(x, ns_coeffs, ns_steps, eps):
 
 
 def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps):
+    real_only("scale_by_newton_schulz", updates)
+
     def leaf(g):
         if g.ndim != 2:
             return g
@@ -74,7 +85,8 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
     Args:
         ns_coeffs: the quintic's coefficients ``(a, b, c)``.
             Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, a positive integer. Default: ``5``.
+        ns_steps: the number of iterations, an integer in [1, 100] (each is
+            unrolled into the compiled step). Default: ``5``.
         eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
 
     Returns:
@@ -98,7 +110,7 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
         networks", 2024. https://kellerjordan.github.io/posts/muon/
     """
     call = "scale_by_newton_schulz"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=check.positive_int(call, "ns_steps", ns_steps),
+    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
                    eps=check.nonnegative(call, "eps", eps))
     # The number of iterations unrolls into the compiled step: structure, not data.
     return stateless(_apply_scale_by_newton_schulz, name=call, options=options, static=("ns_steps",),
@@ -114,8 +126,9 @@ def _init_scale_by_muon(params, *, mu_dtype):
 
 
 def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov):
+    real_only("scale_by_muon", updates)
     count = _tree.safe_increment(state.count)
-    t = count.astype(jnp.float32)
+    t = _tree.float_count(count)
     correction, next_correction = 1 - beta**t, 1 - beta ** (t + 1)
 
     def leaf(g, m):
@@ -147,7 +160,8 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
     Args:
         ns_coeffs: the quintic's coefficients ``(a, b, c)``.
             Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, a positive integer. Default: ``5``.
+        ns_steps: the number of iterations, an integer in [1, 100] (each is
+            unrolled into the compiled step). Default: ``5``.
         beta: decay of the momentum, in [0, 1). Default: ``0.95``.
         eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
         nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
@@ -176,7 +190,7 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
         https://arxiv.org/abs/2409.20325
     """
     call = "scale_by_muon"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=check.positive_int(call, "ns_steps", ns_steps),
+    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
                    beta=check.unit(call, "beta", beta), eps=check.nonnegative(call, "eps", eps),
                    nesterov=check.flag(call, "nesterov", nesterov),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
@@ -189,7 +203,7 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
 
 
 def _shape_scale(g):
-    if g.ndim != 2:
+    if g.ndim != 2 or g.size == 0:  # (a zero-size matrix has nothing to scale, and fan_in may be 0)
         return g
     fan_in, fan_out = g.shape
     c = _tree.compute_dtype(g.dtype)

@@ -16,7 +16,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import moment, per_leaf
+from updax.updates._kernels import abs_sq, moment, per_leaf
 
 # --------------------------------------------------------------------------
 # States
@@ -58,7 +58,7 @@ def _init_scale_by_rms(params, *, initial_scale, nu_dtype):
 
 def _apply_scale_by_rms(updates, state, params, *, decay, eps):
     def leaf(g, v):
-        v = moment(decay, v, g * g)
+        v = moment(decay, v, abs_sq(g))
         return g * jax.lax.rsqrt(v + eps), v
 
     u, nu = per_leaf("scale_by_rms", leaf, (updates, state.nu), ("updates", "state.nu"))
@@ -114,8 +114,8 @@ def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype):
 
 def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
     def leaf(g, m, v):
-        m, v = moment(decay, m, g), moment(decay, v, g * g)
-        return g * jax.lax.rsqrt(v - m * m + eps), m, v
+        m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
+        return g * jax.lax.rsqrt(v - abs_sq(m) + eps), m, v
 
     u, mu, nu = per_leaf("scale_by_stddev", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     return u, ScaleByStddevState(mu=mu, nu=nu)
@@ -174,7 +174,7 @@ def _init_scale_by_rss(params, *, initial_accumulator_value, accumulator_dtype):
 
 def _apply_scale_by_rss(updates, state, params, *, eps):
     def leaf(g, s):
-        s = s + g * g
+        s = s + abs_sq(g)
         return g * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0), s
 
     u, sos = per_leaf("scale_by_rss", leaf, (updates, state.sum_of_squares), ("updates", "state.sum_of_squares"))
@@ -230,9 +230,9 @@ def _init_scale_by_adadelta(params, *, accumulator_dtype):
 
 def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
     def leaf(g, eg, ex):
-        eg = moment(rho, eg, g * g)
+        eg = moment(rho, eg, abs_sq(g))
         u = jnp.sqrt(ex + eps) / jnp.sqrt(eg + eps) * g
-        return u, eg, moment(rho, ex, u * u)
+        return u, eg, moment(rho, ex, abs_sq(u))
 
     u, eg, ex = per_leaf("scale_by_adadelta", leaf, (updates, state.avg_sq_grad, state.avg_sq_step),
                          ("updates", "state.avg_sq_grad", "state.avg_sq_step"))

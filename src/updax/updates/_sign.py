@@ -17,7 +17,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import moment, per_leaf
+from updax.updates._kernels import moment, per_leaf, real_only
 
 # --------------------------------------------------------------------------
 # States
@@ -41,6 +41,7 @@ class ScaleByRpropState(NamedTuple):
 
 
 def _apply_scale_by_sign(updates, params):
+    real_only("scale_by_sign", updates)
     return jax.tree.map(lambda g: jnp.sign(g.astype(_tree.compute_dtype(g.dtype))).astype(g.dtype), updates)
 
 
@@ -76,6 +77,8 @@ def _init_scale_by_lion(params, *, mu_dtype):
 
 
 def _apply_scale_by_lion(updates, state, params, *, b1, b2):
+    real_only("scale_by_lion", updates)
+
     def leaf(g, m):
         return jnp.sign(moment(b1, m, g)), moment(b2, m, g)  # the sign uses the old m
 
@@ -132,6 +135,8 @@ def _init_scale_by_rprop(params, *, learning_rate):
 
 
 def _apply_scale_by_rprop(updates, state, params, *, eta_minus, eta_plus, min_step_size, max_step_size):
+    real_only("scale_by_rprop", updates)
+
     def leaf(g, s, prev):
         agree = jnp.sign(g) * jnp.sign(prev)
         grown = jnp.minimum(s * eta_plus, max_step_size)

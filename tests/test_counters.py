@@ -1,0 +1,378 @@
+"""Step counters at the int32 limit: every counter saturates or stays in its range, and stays correct.
+
+The registry-driven test finds every int32 scalar of every entry's state by
+walking the state, starts each one at ``INT32_MAX - 2`` (a counter bounded
+by an option, such as a mini-step counter, at its own limit instead), and
+runs a few jitted steps. The same steps from the counters at 0 say how many
+times each counter counts, so the expected end values follow without listing
+them by hand. The specific tests check what depends on a counter past the
+limit against references written here (numpy means, running means, closed
+forms) and the schedules' closed forms in tests/test_schedules.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from registry import ENTRIES
+from test_schedules import CASES as SCHEDULE_CASES
+
+import updax as ux
+import updax.schedules as uxs
+
+INT32_MAX = int(jnp.iinfo(jnp.int32).max)
+START = INT32_MAX - 2
+STEPS = 5
+LOSS = 1.0
+
+RNG = np.random.default_rng(11)
+PARAMS = {"w": jnp.asarray(RNG.normal(size=(2, 3)), jnp.float32)}  # one small matrix: one compile per entry is the cost
+GRADS = [jax.tree.map(lambda p: jnp.asarray(RNG.normal(size=p.shape), p.dtype), PARAMS) for _ in range(STEPS)]
+
+#: Scheduled options keep their own count (``ScheduledState.count``); the registry has none.
+EXTRA = {
+    "scheduled_adam": lambda: ux.scale_by_adam(b1=uxs.exponential_decay(0.9, decay_rate=0.5, transition_steps=1000,
+                                                                        end_value=0.5)),
+    "scheduled_learning_rate": lambda: ux.scale_by_learning_rate(
+        uxs.warmup_cosine_decay(0.0, 0.1, warmup_steps=2, decay_steps=10)),
+    "adafactor": lambda: ux.optimizers.adafactor(),
+}
+BUILDERS = {**ENTRIES, **EXTRA}
+NAMES = sorted(BUILDERS)
+
+#: Counters that must stay below a bound set by an option of their stage: (state type, field) -> (stage, the
+#: largest value the counter may hold, from the stage's options). They start at that value.
+BOUNDED = {
+    ("AccumulateGradientsState", "mini_step"): ("accumulate_gradients", lambda s: s.option("steps") - 1),
+    ("ReduceOnPlateauState", "count"): ("reduce_on_plateau", lambda s: s.option("accumulation_size") - 1),
+    ("ReduceOnPlateauState", "plateau_count"): ("reduce_on_plateau", lambda s: s.option("patience") - 1),
+    ("ReduceOnPlateauState", "cooldown_count"): ("reduce_on_plateau", lambda s: s.option("cooldown")),
+}
+#: Counters that, past the limit, cycle through their last ``period`` values: (state type, field) -> (stage,
+#: the option holding the period).
+CYCLIC = {("SmaState", "count"): ("sma", "window"), ("SwaState", "count"): ("swa", "period")}
+
+
+@pytest.fixture(autouse=True)
+def strict_promotion():
+    with jax.numpy_dtype_promotion("strict"):
+        yield
+
+
+def _is_counter(leaf):
+    return isinstance(leaf, jax.Array) and leaf.dtype == jnp.int32 and leaf.ndim == 0
+
+
+def _child(node, key):
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return node[key.idx]
+    if isinstance(key, jax.tree_util.DictKey):
+        return node[key.key]
+    return getattr(node, key.name)
+
+
+def _owner(state, path):
+    """``(type name of the node holding the leaf at path, the leaf's field)``."""
+    node = state
+    for key in path[:-1]:
+        node = _child(node, key)
+    last = path[-1]
+    field = getattr(last, "name", getattr(last, "key", getattr(last, "idx", None)))
+    return type(node).__name__, field
+
+
+def _stage(opt, label):
+    """The stage named ``label`` in ``opt``, looking inside wrappers."""
+    for stage in opt.stages:
+        if stage.label == label:
+            return stage
+        if stage.wraps is not None:
+            found = _stage(stage.option(stage.wraps), label)
+            if found is not None:
+                return found
+    return None
+
+
+def _expected(opt, owner, unbounded):
+    """Where a counter that would reach ``unbounded`` ends: saturated, or cycling through its last period."""
+    if unbounded <= INT32_MAX:
+        return unbounded
+    if owner in CYCLIC:
+        label, option = CYCLIC[owner]
+        period = _stage(opt, label).option(option)
+        low = INT32_MAX - period + 1
+        return low + (unbounded - low) % period
+    return INT32_MAX
+
+
+def _counters(opt, state):
+    """``{path: (owner, limit or None)}`` for every int32 scalar of ``state``."""
+    found = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if _is_counter(leaf):
+            owner = _owner(state, path)
+            limit = None
+            if owner in BOUNDED:
+                label, bound = BOUNDED[owner]
+                limit = bound(_stage(opt, label))
+            found[jax.tree_util.keystr(path)] = (owner, limit)
+    return found
+
+
+def _set_counters(state, counters, unbounded_start):
+    def fill(path, leaf):
+        if not _is_counter(leaf):
+            return leaf
+        _, limit = counters[jax.tree_util.keystr(path)]
+        return jnp.asarray(unbounded_start if limit is None else limit, jnp.int32)
+
+    return jax.tree_util.tree_map_with_path(fill, state)
+
+
+def _counter_values(state):
+    return {jax.tree_util.keystr(p): int(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]
+            if _is_counter(x)}
+
+
+@functools.cache
+def _counter_run(name):
+    """Runs entry ``name`` from its counters at 0 and at the limit (one jitted step function for both)."""
+    opt = BUILDERS[name]()
+    state = opt.init(PARAMS)
+    counters = _counters(opt, state)
+    step = jax.jit(lambda s, g: opt.update(g, s, PARAMS, loss=LOSS))
+
+    def run(start):
+        s, outs = _set_counters(state, counters, start), []
+        for g in GRADS:
+            u, s = step(s, g)
+            outs.append(u)
+        return outs, s
+
+    fresh = _counter_values(run(0)[1])
+    outs, final = run(START)
+    return opt, counters, fresh, outs, final
+
+
+def _floats(tree):
+    return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_counters_at_the_int32_limit(name):
+    opt, counters, fresh, outs, final = _counter_run(name)
+    for x in _floats((outs, final)):
+        assert bool(jnp.all(jnp.isfinite(x))), f"{name}: a non-finite value past the int32 limit"
+    ended = _counter_values(final)
+    for path, (owner, limit) in counters.items():
+        got, counted = ended[path], fresh[path]
+        assert got >= 0, f"{name}{path}: {got} (overflowed)"
+        if limit is not None:  # started at its bound in both runs: the same trajectory, within the bound
+            assert got == counted and 0 <= got <= limit, f"{name}{path}: {got}, bound {limit}"
+        elif counted == 0:  # never counted: untouched, or reset (a consecutive-error count)
+            assert got in (0, START), f"{name}{path}: {got}"
+        else:
+            want = _expected(opt, owner, START + counted)
+            assert got == want, f"{name}{path} ({'.'.join(map(str, owner))}): {got}, want {want}"
+
+
+def test_the_counter_test_sees_the_counters():
+    saturated, bounded = set(), set()
+    for name in NAMES:
+        _, counters, fresh, _, final = _counter_run(name)
+        ended = _counter_values(final)
+        for path, (owner, limit) in counters.items():
+            field = ".".join(map(str, owner))
+            if limit is not None:
+                bounded.add((name, field))
+            elif START + fresh[path] >= INT32_MAX and ended[path] == INT32_MAX:
+                saturated.add((name, field))
+    known = {
+        ("scale_by_adam", "ScaleByAdamState.count"), ("scale_by_radam", "ScaleByAdamState.count"),
+        ("scale_by_nadam", "ScaleByAdamState.count"), ("scale_by_adan", "ScaleByAdanState.count"),
+        ("scale_by_amsgrad", "ScaleByAmsgradState.count"), ("scale_by_novograd", "ScaleByNovogradState.count"),
+        ("scale_by_muon", "ScaleByMuonState.count"), ("scale_by_schedule", "ScaleByScheduleState.count"),
+        ("add_noise", "AddNoiseState.count"), ("ema", "EmaState.count"), ("ema_params", "EmaParamsState.count"),
+        ("sma", "SmaState.count"), ("swa", "SwaState.count"), ("swa", "SwaState.snapshots"),
+        ("scale_by_factored_rms", "ScaleByFactoredRmsState.count"),
+        ("accumulate_gradients", "AccumulateGradientsState.gradient_step"),
+        ("accumulate_gradients", "ScaleByAdamState.count"), ("apply_if_finite", "ScaleByAdamState.count"),
+        ("schedule_free", "ScaleByAdamState.count"), ("scheduled_adam", "ScheduledState.count"),
+        ("scheduled_learning_rate", "ScheduledState.count"), ("adafactor", "ScheduledState.count"),
+    }
+    assert known <= saturated, sorted(known - saturated)
+    assert set(BOUNDED) <= {tuple(field.split(".")) for _, field in bounded}
+
+
+# --------------------------------------------------------------------------
+# What depends on a counter, past the limit
+
+
+def _with(opt, state, stage, **fields):
+    """``state`` with some fields of ``stage``'s state replaced (Python ints as int32 counters)."""
+    for field, value in fields.items():
+        value = jax.tree.map(lambda x: jnp.asarray(x, jnp.int32 if isinstance(x, int) else jnp.float32), value)
+        state = opt.replace_state(state, f"{stage}.{field}", value)
+    return state
+
+
+def test_sma_averages_the_last_window_across_the_limit():
+    rng = np.random.default_rng(1)
+    window, values = 4, [rng.normal(size=(3,)).astype(np.float32) for _ in range(12)]
+    opt = ux.sma(window)
+    state = _with(opt, opt.init(jnp.zeros(3)), "sma", count=INT32_MAX - 5)
+    step = jax.jit(opt.update)
+    for i, x in enumerate(values):
+        out, state = step(jnp.asarray(x), state)
+        assert int(state[0].count) == _expected(opt, ("SmaState", "count"), INT32_MAX - 4 + i)
+        if i >= window - 1:
+            np.testing.assert_allclose(out, np.mean(values[i - window + 1:i + 1], axis=0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("period", [1, 2, 3])
+def test_swa_keeps_its_snapshot_period_and_running_mean_across_the_limit(period):
+    opt = ux.scale(-1.0).swa(start=1, period=period)
+    params = {"w": jnp.asarray([0.5, -1.0])}
+    taken = [np.array([1.0, 2.0]), np.array([3.0, -1.0]), np.array([0.0, 4.0])]  # snapshots before the limit
+    count = INT32_MAX - 6
+    state = _with(opt, opt.init(params), "swa", count=count, snapshots=len(taken),
+                  average={"w": np.mean(taken, axis=0)})
+    step = jax.jit(opt.update)
+    rng = np.random.default_rng(period)
+    for t in range(count + 1, count + 1 + 4 * period + 3):  # t: the step number, unbounded
+        u, state = step({"w": jnp.asarray(rng.normal(size=2), jnp.float32)}, state, params)
+        params = ux.apply_updates(params, u)
+        if (t - 1) % period == 0:  # start=1: a snapshot of the params after steps 1, 1 + period, ...
+            taken.append(np.asarray(params["w"]))
+    assert int(state[1].snapshots) == len(taken)
+    np.testing.assert_allclose(ux.averaged_params(opt, state)["w"], np.mean(taken, axis=0), rtol=1e-5, atol=1e-6)
+    assert INT32_MAX - period < int(state[1].count) <= INT32_MAX
+
+
+def test_swa_snapshots_saturate_without_moving_the_mean():
+    opt = ux.scale(-1.0).swa(start=1, period=1)
+    params = {"w": jnp.asarray([1.0, 2.0])}
+    state = _with(opt, opt.init(params), "swa", count=INT32_MAX - 1, snapshots=INT32_MAX - 1)
+    step = jax.jit(opt.update)
+    for _ in range(3):
+        _, state = step({"w": jnp.asarray([-100.0, 100.0])}, state, params)
+    assert int(state[1].snapshots) == INT32_MAX and int(state[1].count) == INT32_MAX
+    # Each new snapshot weighs 1/2^31 of the mean: it cannot move at float32 precision.
+    np.testing.assert_allclose(ux.averaged_params(opt, state)["w"], [1.0, 2.0], rtol=1e-6)
+
+
+def test_accumulate_gradients_keeps_emitting_every_steps_calls_past_the_limit():
+    k = 3
+    opt = ux.scale(-1.0).accumulate_gradients(k)
+    state = _with(opt, opt.init({"w": jnp.zeros(2)}), "accumulate_gradients", gradient_step=INT32_MAX - 1)
+    step = jax.jit(opt.update)
+    rng = np.random.default_rng(2)
+    grads = [np.asarray(rng.normal(size=2), np.float32) for _ in range(4 * k)]
+    for i, g in enumerate(grads, 1):
+        u, state = step({"w": jnp.asarray(g)}, state)
+        assert bool(ux.has_updated(state)) == (i % k == 0)
+        assert 0 <= int(state[0].mini_step) < k
+        if i % k == 0:
+            np.testing.assert_allclose(u["w"], -np.mean(grads[i - k:i], axis=0), rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(u["w"], 0.0)
+    assert int(state[0].gradient_step) == INT32_MAX
+
+
+def test_accumulate_gradients_mini_step_at_the_int32_maximum_still_steps():
+    """A mini_step put at the maximum by hand (or by a checkpoint) saturates and steps instead of wrapping."""
+    opt = ux.scale(-1.0).accumulate_gradients(2)
+    state = _with(opt, opt.init({"w": jnp.zeros(1)}), "accumulate_gradients", mini_step=INT32_MAX)
+    u, state = jax.jit(opt.update)({"w": jnp.asarray([4.0])}, state)
+    assert bool(ux.has_updated(state)) and int(state[0].mini_step) == 0
+    np.testing.assert_allclose(u["w"], [-2.0])
+
+
+def test_reduce_on_plateau_patience_and_accumulation_at_the_limit():
+    # The plateau count reaches a patience of INT32_MAX: the scale drops, the count restarts.
+    opt = ux.reduce_on_plateau(factor=0.5, patience=INT32_MAX)
+    state = _with(opt, opt.init({"w": jnp.zeros(1)}), "reduce_on_plateau", plateau_count=INT32_MAX - 2,
+                  best_loss=1.0)
+    step = jax.jit(lambda g, s: opt.update(g, s, loss=LOSS))
+    scales = []
+    for _ in range(3):
+        u, state = step({"w": jnp.ones(1)}, state)
+        scales.append(float(state[0].scale))
+    assert scales == [1.0, 0.5, 0.5] and int(state[0].plateau_count) == 1
+    np.testing.assert_allclose(u["w"], [0.5])
+
+    # Losses averaged over INT32_MAX calls: the average is evaluated when the count gets there.
+    opt = ux.reduce_on_plateau(factor=0.5, patience=1, accumulation_size=INT32_MAX)
+    state = _with(opt, opt.init({"w": jnp.zeros(1)}), "reduce_on_plateau", count=INT32_MAX - 3, avg_loss=2.0,
+                  best_loss=3.0)
+    step = jax.jit(lambda g, s, loss: opt.update(g, s, loss=loss))
+    for count in (INT32_MAX - 2, INT32_MAX - 1):
+        _, state = step({"w": jnp.ones(1)}, state, 2.0)
+        assert int(state[0].count) == count and float(state[0].best_loss) == 3.0
+    _, state = step({"w": jnp.ones(1)}, state, 2.0)
+    assert int(state[0].count) == 0 and float(state[0].best_loss) == 2.0 and float(state[0].scale) == 1.0
+
+
+def test_apply_if_finite_counts_saturate():
+    opt = ux.scale(-1.0).apply_if_finite(INT32_MAX - 1)
+    state = _with(opt, opt.init({"w": jnp.zeros(1)}), "apply_if_finite", notfinite_count=INT32_MAX - 2,
+                  total_notfinite=INT32_MAX - 1)
+    step = jax.jit(opt.update)
+    nan = {"w": jnp.asarray([jnp.nan])}
+    u, state = step(nan, state)  # the (INT32_MAX - 1)th error in a row: dropped
+    assert int(state[0].notfinite_count) == INT32_MAX - 1 and bool(jnp.all(u["w"] == 0))
+    for _ in range(2):  # more than INT32_MAX - 1 in a row: applied, and the counts stay at the maximum
+        u, state = step(nan, state)
+        assert int(state[0].notfinite_count) == INT32_MAX and bool(jnp.isnan(u["w"][0]))
+        assert int(state[0].total_notfinite) == INT32_MAX
+    u, state = step({"w": jnp.asarray([2.0])}, state)
+    assert int(state[0].notfinite_count) == 0 and int(state[0].total_notfinite) == INT32_MAX
+    np.testing.assert_allclose(u["w"], [-2.0])
+
+
+@pytest.mark.parametrize("b2", [0.999, 1.0 - 1e-7])
+def test_adam_bias_corrections_at_the_saturated_count_are_one(b2):
+    b1, eps = 0.9, 1e-8
+    opt = ux.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0)
+    m, v = np.array([0.2, -0.1], np.float32), np.array([0.04, 0.09], np.float32)
+    state = _with(opt, opt.init({"w": jnp.zeros(2)}), "scale_by_adam", count=INT32_MAX - 1, mu={"w": m},
+                  nu={"w": v})
+    step = jax.jit(opt.update)
+    for g in (np.array([1.0, -2.0], np.float32), np.array([0.5, 0.5], np.float32)):
+        u, state = step({"w": jnp.asarray(g)}, state)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        np.testing.assert_allclose(u["w"], m / (np.sqrt(v) + eps), rtol=1e-5)
+        assert int(state[0].count) == INT32_MAX
+
+
+def test_a_scheduled_option_near_the_limit():
+    schedule = uxs.linear_decay(0.9, warmup=0, steps=INT32_MAX)  # 0.9 down to 0 at the int32 maximum
+    opt = ux.scale_by_adam(b1=schedule)
+    state = opt.init({"w": jnp.zeros(2)})
+    state = (state[0]._replace(count=jnp.asarray(INT32_MAX - 2, jnp.int32)),)
+    step = jax.jit(opt.update)
+    for count in (INT32_MAX - 2, INT32_MAX - 1, INT32_MAX, INT32_MAX):
+        u, state = step({"w": jnp.asarray([1.0, -1.0])}, state)
+        assert float(opt.get_state(state, "scale_by_adam.b1")) == float(schedule(jnp.asarray(count, jnp.int32)))
+        assert bool(jnp.all(jnp.isfinite(u["w"])))
+    assert int(state[0].count) == INT32_MAX and int(state[0].state.count) == 4
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULE_CASES))
+def test_every_schedule_at_the_int32_maximum(name):
+    build, _, closed_form = SCHEDULE_CASES[name]
+    schedule = build()
+    values = jax.jit(schedule)(jnp.asarray([INT32_MAX - 1, INT32_MAX], jnp.int32))
+    assert bool(jnp.all(jnp.isfinite(values))), name
+    with np.errstate(over="ignore"):  # a growth up to its ceiling overflows on the way in float64 too
+        want = closed_form(np.float64(INT32_MAX))
+    np.testing.assert_allclose(values, [want, want], rtol=1e-5, atol=1e-7)
+
+
+def test_the_schedule_cases_cover_every_schedule():
+    built = {type(build()).__name__ for build, _, _ in SCHEDULE_CASES.values()}
+    assert built == set(uxs.__all__) - {"Schedule"}
