@@ -396,7 +396,7 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
     if warmup_steps is not None:  # the warm-up is a schedule to a peak: the peak must be a number
         call = "schedule_free_adamw"
         check.positive_int(call, "warmup_steps", warmup_steps)
-        peak = check.number(call, "learning_rate", learning_rate, 0.0, lo_open=True)
+        peak = check.number(call, "learning_rate", learning_rate)
         learning_rate = schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)
     inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=decay)
              .scale_by_learning_rate(learning_rate))

@@ -1,0 +1,899 @@
+"""A registry-wide fuzz: random nested pytrees and random valid hyperparameters for every catalogue entry
+and every optimizer, checked against the contract each of them keeps.
+
+Valid hyperparameters are the documented ones. Each option's range is parsed from the Args section of its
+docstring (``in [0, 1)``, ``> 0``, ``>= 0``, ``>= ``min_step_size````, ``an integer >= 1``, ``a positive
+integer``, ``any real number``, ...). An optimizer option whose docstring states no range takes the
+documented range of the catalogue option it lands in: building the optimizer with a probe value shows
+which stage option receives it (``adam(b1=...)`` lands in ``scale_by_adam.b1``, documented ``in [0, 1)``).
+The few options that neither gives (a docstring that states no range, a tuple, a seed, a function) are in
+:data:`OVERRIDES` or :data:`STRUCTURAL`, each with its reason, and
+``test_every_option_of_every_target_has_a_strategy`` keeps that complete: a new entry, optimizer or
+option cannot skip the fuzz.
+
+Properties of every example (a random tree of params and a few steps of random finite gradients):
+updates keep the gradients' tree structure and each leaf's shape and dtype; the state keeps the structure,
+shapes and dtypes ``init`` gives; updates are finite; ``jax.jit`` agrees with eager execution; and for
+catalogue entries the pipe forms give equal objects (``ux.f(**o)``, ``ux.identity().f(**o)``,
+``ux.f(ux.identity(), **o)``, ``parent.f(**o)``, ``ux.f(parent, **o)``, ``ux.compose(parent, ux.f(**o))``,
+``parent.pipe(ux.f, **o)``) whose numbers are bit-identical.
+
+Budget: the ``ci`` profile (the default, see conftest.py) runs ``EXAMPLES["ci"]`` examples per target from
+a small pool of leaf shapes, so compiled steps and eager kernels are reused; ``--hypothesis-profile=long``
+runs ``EXAMPLES["long"]`` per target (over 10,000 in all) on arbitrary small shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import os
+import pickle
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, note, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+
+import updax as ux
+from registry import ENTRIES, catalogue_names
+
+# --------------------------------------------------------------------------
+# Budget
+
+PROFILE = settings.get_current_profile_name()
+LONG = PROFILE == "long"
+
+#: Catalogue entries (by name) and optimizers (``optimizers.<name>``): the fuzz targets.
+COMBINATORS = catalogue_names()
+OPTIMIZERS = [f"optimizers.{name}" for name in sorted(ux.optimizers.__all__)]
+TARGETS = COMBINATORS + OPTIMIZERS
+
+#: Examples per target and profile. The long profile's total is EXAMPLES["long"] * len(TARGETS) >= 10,000
+#: (hypothesis counts examples that ran to the end; rejected draws do not count).
+EXAMPLES = {"ci": 2, "long": math.ceil(10_000 / len(TARGETS))}
+#: ``FUZZ_EXAMPLES=n`` overrides the count, e.g. for a quick run of the long profile's strategies.
+PER_TARGET = int(os.environ.get("FUZZ_EXAMPLES", EXAMPLES.get(PROFILE, EXAMPLES["ci"])))
+
+#: Gradient steps per example: bias corrections show from step 2, accumulate_gradients(3) steps on the 3rd.
+STEPS = st.integers(1, 6) if LONG else st.just(3)
+
+#: Leaf dtypes.
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+#: COMPLEX HOOK: tests/test_complex.py names the registry entries that support complex64 updates as
+#: SUPPORTED; those targets also get complex64 leaves (without it, no target does). Complex examples run
+#: under the standard dtype promotion, as test_complex.py does, and leave the *_dtype options at None (a
+#: real storage dtype for complex accumulators is refused by name, see test_complex.py).
+try:
+    from test_complex import SUPPORTED as COMPLEX_SUPPORTED  # type: ignore[import-not-found]
+except ImportError:
+    COMPLEX_SUPPORTED = frozenset()
+
+#: In CI, leaves take one of a few shapes (0-d, zero-size, vectors, matrices both ways, a 3-d array), so
+#: the eager kernels compiled for one target are reused by the next.
+CI_SHAPES = [(), (0,), (3,), (1, 4), (2, 3), (3, 2), (0, 3), (2, 2, 2)]
+
+#: Unbounded sides of a documented range are drawn this far from the other side (or from 0).
+SPAN = 10.0
+#: Integers are drawn at most this far above their lower bound (some are unrolled: ns_steps is "in [1, 100]").
+INT_SPAN = 8 if LONG else 4
+#: Gradients and params are drawn in [-MAGNITUDE, MAGNITUDE] (finite in every dtype drawn).
+MAGNITUDE = 100.0
+
+
+# --------------------------------------------------------------------------
+# Documented ranges
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A documented range: reals or integers in [lo, hi] (bounds open or closed, None for unbounded), or
+    at least another option of the same call (``max_step_size >= min_step_size``)."""
+
+    integer: bool = False
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    at_least: str | None = None
+
+    def meet(self, other: Range) -> Range:
+        """The values in both ranges."""
+        lo, lo_open = _tighter(self.lo, self.lo_open, other.lo, other.lo_open, max)
+        hi, hi_open = _tighter(self.hi, self.hi_open, other.hi, other.hi_open, min)
+        return Range(self.integer or other.integer, lo, hi, lo_open, hi_open, self.at_least or other.at_least)
+
+
+def _tighter(a, a_open, b, b_open, pick):
+    if a is None or b is None:
+        return (b, b_open) if a is None else (a, a_open)
+    if a == b:
+        return a, a_open or b_open
+    return (a, a_open) if pick(a, b) == a else (b, b_open)
+
+
+def args_section(fn: Callable[..., Any]) -> dict[str, str]:
+    """The Args section of ``fn``'s docstring: option name -> its text on one line."""
+    doc = inspect.cleandoc(fn.__doc__ or "")
+    match = re.search(r"^Args:\n(.*?)(?=^\S|\Z)", doc, re.MULTILINE | re.DOTALL)
+    if match is None:
+        return {}
+    entries = re.findall(r"^    (\w+): (.*?)(?=^    \w+: |\Z)", match.group(1), re.MULTILINE | re.DOTALL)
+    return {name: " ".join(text.split()) for name, text in entries}
+
+
+_NUMBER = r"-?(?:\d+(?:\.\d*)?(?:e-?\d+)?|inf)"
+
+
+def parse_range(text: str) -> Range | None:
+    """The valid range an option's documentation states, or None when it states none."""
+    if m := re.search(rf"\bin ([\[(])({_NUMBER}), ({_NUMBER})([\])])", text):
+        lo, hi = float(m.group(2)), float(m.group(3))
+        return Range(bool(re.search(r"\binteger\b", text)), None if lo == -math.inf else lo,
+                     None if hi == math.inf else hi, m.group(1) == "(", m.group(4) == ")")
+    if re.search(r"\ba positive integer\b", text):
+        return Range(integer=True, lo=1)
+    if re.search(r"\ba non-negative integer\b", text):
+        return Range(integer=True, lo=0)
+    if m := re.search(r"\ban integer >= (\d+)", text):
+        return Range(integer=True, lo=int(m.group(1)))
+    if m := re.search(r"(>=?) ``(\w+)``", text):
+        return Range(at_least=m.group(2), lo_open=m.group(1) == ">")
+    if m := re.search(rf"(>=?) ({_NUMBER})\b", text):
+        return Range(lo=float(m.group(2)), lo_open=m.group(1) == ">")
+    if re.search(r"\b(?:any|a) real number\b", text):
+        return Range()
+    if re.search(r"\ba positive number\b", text):
+        return Range(lo=0.0, lo_open=True)
+    return None
+
+
+#: Numeric options whose documentation states no parseable range: (entry, option) -> (range, why).
+#: Optimizer options landing in these use them too.
+OVERRIDES: dict[tuple[str, str], tuple[Range, str]] = {
+    ("scale_by_radam", "threshold"): (Range(), "documented as the rho_t the rectified step starts at, values "
+                                               + "below 4 acting as 4: any real number"),
+    ("scale_by_trust_ratio", "trust_coefficient"): (Range(), "documented as 'the factor c', no range"),
+    ("schedule_free", "learning_rate"): (Range(), "documented as 'a number or a schedule', no range"),
+    ("schedule_free", "weight_lr_power"): (Range(lo=0.0), "documented as 'the power p of the weights', no range; "
+                                                         + "p < 0 weighs a zero learning rate by 0^p = inf"),
+    ("ema", "init"): (Range(), "a number (or a tree shaped like the values: STRUCTURAL draws those too)"),
+    ("scale_by_adamax", "eps"): (Range(lo=0.0, lo_open=True), "documented '>= 0' with 'with 0, a zero update "
+                                                               + "before any non-zero one divides 0 by 0'"),
+    ("scale_by_factored_rms", "step_offset"): (
+        Range(integer=True, lo=0, hi=0),
+        "documented 'an integer >= 0' with 'the count must not be below it': the fuzz starts at count 0"),
+    ("optimizers.adafactor", "decay_offset"): (
+        Range(integer=True, lo=0, hi=0), "scale_by_factored_rms.step_offset: the count must not be below it"),
+    ("optimizers.schedule_free_adamw", "warmup_steps"): (
+        Range(integer=True, lo=1), "documented as 'length of the linear warm-up, or None'; a length is >= 1"),
+}
+
+#: Options that are not a number in a range: (entry, option) -> (strategy factory(params), why).
+#: ``"*"`` matches every target that has the option.
+STRUCTURAL: dict[tuple[str, str], tuple[Callable[[Any], st.SearchStrategy], str]] = {}
+
+
+def _structural(target: str, option: str, why: str):
+    def register(factory):
+        STRUCTURAL[(target, option)] = (factory, why)
+        return factory
+
+    return register
+
+
+def _catalogue_fn(name: str) -> Callable[..., ux.Update]:
+    if name.startswith("optimizers."):
+        return getattr(ux.optimizers, name.removeprefix("optimizers."))
+    return getattr(ux.updates, name)
+
+
+def _parameters(target: str) -> list[inspect.Parameter]:
+    """The options of a target: its signature without the wrapped pipeline."""
+    params = inspect.signature(_catalogue_fn(target)).parameters.values()
+    return [p for p in params if p.name != "inner"]
+
+
+def _is_numeric(parameter: inspect.Parameter) -> bool:
+    annotation = str(parameter.annotation)
+    default = parameter.default
+    if isinstance(default, bool) or "bool" in annotation:
+        return False
+    return (bool(re.search(r"\b(Scalar|ScalarOrSchedule|int|float)\b", annotation))
+            or isinstance(default, (int, float)))
+
+
+def _is_dtype(parameter: inspect.Parameter) -> bool:
+    return parameter.name.endswith("_dtype")
+
+
+def _is_flag(parameter: inspect.Parameter) -> bool:
+    return isinstance(parameter.default, bool) or str(parameter.annotation) == "bool"
+
+
+# --- where an optimizer option lands ---------------------------------------
+
+_PROBES = (0.4321, 1.4321)
+_INT_PROBE = 7
+
+
+def _stages(opt: ux.Update):
+    """The stages of ``opt`` and of every pipeline its options hold (wrapped pipelines, partition groups)."""
+    for stage in opt.stages:
+        yield stage
+        for key, _ in stage.options:
+            for inner in jax.tree.leaves(stage.option(key), is_leaf=lambda x: isinstance(x, ux.Update)):
+                if isinstance(inner, ux.Update):
+                    yield from _stages(inner)
+
+
+def _same(value: Any, probe: Any) -> bool:
+    return type(value) is type(probe) and value == probe
+
+
+def landings(target: str, option: str) -> list[tuple[str, str]]:
+    """The catalogue options that receive an optimizer's option: build it with a probe value, find the value."""
+    parameter = next(p for p in _parameters(target) if p.name == option)
+    annotation = str(parameter.annotation)
+    if "tuple" in annotation:
+        probes = [(_PROBES[0], -_PROBES[0], _PROBES[0])]
+    elif re.search(r"\bint\b", annotation) and "Scalar" not in annotation:
+        probes = [_INT_PROBE]
+    else:
+        probes = list(_PROBES)
+    for probe in probes:
+        try:
+            opt = _catalogue_fn(target)(**{option: probe})
+        except (ValueError, TypeError):
+            continue
+        found = sorted({(stage.label, key) for stage in _stages(opt) for key, _ in stage.options
+                        if _same(stage.option(key), probe)})
+        if found:
+            return found
+    return []
+
+
+@functools.cache
+def documented_range(target: str, option: str) -> tuple[Range, str] | None:
+    """The valid range of ``target``'s numeric ``option`` and where it comes from, or None."""
+    if (target, option) in OVERRIDES:
+        rng, why = OVERRIDES[(target, option)]
+        return rng, f"override: {why}"
+    text = args_section(_catalogue_fn(target)).get(option, "")
+    parsed = parse_range(text)
+    if parsed is not None:
+        return parsed, f"doc: {text}"
+    if not target.startswith("optimizers."):
+        return None
+    found = landings(target, option)
+    if not found:
+        return None
+    total, sources = Range(), []
+    for label, key in found:
+        inner = documented_range(label, key)
+        if inner is None:
+            return None
+        total = total.meet(inner[0])
+        sources.append(f"{label}.{key} ({inner[1]})")
+    return total, "lands in " + "; ".join(sources)
+
+
+# --------------------------------------------------------------------------
+# Strategies for hyperparameters
+
+
+def _bounds(rng: Range, lo_floor: float | None = None) -> tuple[float, float]:
+    lo = rng.lo if rng.lo is not None else lo_floor
+    hi = rng.hi
+    if lo is None and hi is None:
+        lo, hi = -SPAN, SPAN
+    elif lo is None:
+        lo = hi - 2 * SPAN
+    elif hi is None:
+        hi = lo + SPAN
+    return lo, hi
+
+
+def _f32(x: float, towards: float) -> float:
+    """The float32 nearest ``x`` on the side of ``towards`` (inside the range)."""
+    f = np.float32(x)
+    if (f < x) if towards > x else (f > x):
+        f = np.nextafter(f, np.float32(towards))
+    return float(f)
+
+
+def reals(rng: Range, lo_floor: float | None = None) -> st.SearchStrategy[float]:
+    """Float32-exact Python floats in a documented range (bounds included where they are), not subnormal:
+    XLA on CPU flushes subnormals to zero, so ``eps=1e-45`` would act as the 0 that "> 0" excludes."""
+    lo, hi = _bounds(rng, lo_floor)
+    lo, hi = _f32(lo, math.inf), _f32(hi, -math.inf)
+    return st.floats(lo, hi, exclude_min=rng.lo_open, exclude_max=rng.hi_open and rng.hi is not None,
+                     allow_nan=False, allow_subnormal=False, width=32)
+
+
+def integers(rng: Range, lo_floor: int | None = None) -> st.SearchStrategy[int]:
+    lo = int(rng.lo if rng.lo is not None else (lo_floor if lo_floor is not None else -INT_SPAN))
+    lo += 1 if rng.lo_open else 0
+    hi = int(rng.hi) - (1 if rng.hi_open else 0) if rng.hi is not None else lo + INT_SPAN
+    return st.integers(lo, min(hi, lo + INT_SPAN))
+
+
+def linear_schedule(a: float, b: float) -> Any:
+    """A schedule from ``a`` to ``b`` over two steps: its values stay between them, so in any interval."""
+    return ux.schedules.polynomial_decay(a, end_value=b, power=1.0, transition_steps=2)
+
+
+def numbers(rng: Range, *, schedulable: bool, lo_floor: float | None = None) -> st.SearchStrategy:
+    """A documented value: a Python number, a float32 JAX scalar, or (where schedulable) a schedule."""
+    if rng.integer:
+        return integers(rng, lo_floor)
+    forms = [reals(rng, lo_floor), reals(rng, lo_floor).map(lambda v: jnp.asarray(v, jnp.float32))]
+    if schedulable:
+        forms.append(st.builds(linear_schedule, reals(rng, lo_floor), reals(rng, lo_floor)))
+        forms.append(reals(rng, lo_floor).map(ux.schedules.constant))
+    return st.one_of(*forms)
+
+
+def _floor(value: Any) -> float | None:
+    """The lower bound another option's value sets (a schedule sets none the fuzz can use)."""
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, jax.Array):
+        return float(value)
+    return None
+
+
+# --- structural options: functions, masks, pipelines, seeds ------------------
+
+
+def _mask_matrices(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _mask_all(params):
+    return jax.tree.map(lambda p: True, params)
+
+
+def _mask_none(params):
+    return jax.tree.map(lambda p: False, params)
+
+
+def _mask_alternate(params):
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef.unflatten([i % 2 == 0 for i in range(len(leaves))])
+
+
+def _labels_alternate(params):
+    leaves, treedef = jax.tree.flatten(params)
+    return treedef.unflatten(["adam" if i % 2 else "sgd" for i in range(len(leaves))])
+
+
+def _labels_adam(params):
+    return jax.tree.map(lambda p: "adam", params)
+
+
+def _steps_alternate(gradient_step):
+    """A varying accumulation: 1 call, then 2, then 1, ..."""
+    return 1 + gradient_step % 2
+
+
+def _leaf_tree(params, leaf_values: st.SearchStrategy) -> st.SearchStrategy:
+    leaves, treedef = jax.tree.flatten(params)
+    return st.lists(leaf_values, min_size=len(leaves), max_size=len(leaves)).map(treedef.unflatten)
+
+
+@_structural("*", "mask", "a pytree of bools shaped like the params, or a function of the params")
+def _masks(params):
+    functions = st.sampled_from([_mask_matrices, _mask_all, _mask_none, _mask_alternate])
+    return st.one_of(functions, _leaf_tree(params, st.booleans()))
+
+
+@_structural("partition", "labels", "a pytree of labels shaped like the params, or a function of the params")
+def _labels(params):
+    template = ENTRIES["partition"]().stages[0].option("labels")
+    functions = st.sampled_from([template, _labels_alternate, _labels_adam])
+    return st.one_of(functions, _leaf_tree(params, st.sampled_from(["adam", "sgd"])))
+
+
+@_structural("partition", "transforms", "a dict of pipelines: the registry's, as the template")
+def _transforms(params):
+    return st.just(ENTRIES["partition"]().stages[0].option("transforms"))
+
+
+@_structural("accumulate_gradients", "steps", "'an integer >= 1, or a function gradient_step -> k'")
+def _accumulation_steps(params):
+    rng = parse_range(args_section(ux.accumulate_gradients)["steps"])
+    return st.one_of(integers(rng), st.just(_steps_alternate))
+
+
+@_structural("accumulate_gradients", "should_skip", "a skip function (its own option drawn from its docs), "
+                                                     "or None")
+def _skips(params):
+    bound = parse_range(args_section(ux.skip_large_updates)["max_squared_norm"])
+    return st.one_of(st.none(), st.just(ux.skip_not_finite),
+                     reals(bound).map(ux.skip_large_updates), st.just(ux.skip_large_updates(0.0)))
+
+
+@_structural("scale_by_schedule", "schedule_fn", "'a jittable function count -> step size': the registry's, "
+                                                  "or schedules of any real number")
+def _schedule_fns(params):
+    template = ENTRIES["scale_by_schedule"]().stages[0].option("schedule_fn")
+    return st.one_of(st.just(template), numbers(Range(), schedulable=True).filter(callable))
+
+
+@_structural("ema", "init", "'a number or a tree shaped like the values'")
+def _ema_init(params):
+    value = reals(Range())
+    if not jax.tree.leaves(params):
+        return value  # ema refuses a tree without arrays ("a number or a tree of arrays")
+    trees = st.builds(lambda v: jax.tree.map(lambda p: jnp.full(p.shape, v, p.dtype), params), value)
+    return st.one_of(value, trees)
+
+
+@_structural("*", "key", "'an int seed or a JAX PRNG key'")
+def _keys(params):
+    seeds = st.integers(0, 2**31 - 1)
+    return st.one_of(seeds, seeds.map(jax.random.key))
+
+
+#: Coefficients whose Newton-Schulz iteration is known to converge: the default (Jordan's), the cubic
+#: (1.5, -0.5, 0) written as a quintic, and the classical quintic (15/8, -5/4, 3/8).
+_NS_COEFFS = [(3.4445, -4.7750, 2.0315), (1.5, -0.5, 0.0), (1.875, -1.25, 0.375)]
+
+
+@_structural("*", "ns_coeffs", "'the quintic's coefficients (a, b, c)': no range; coefficient sets that converge")
+def _ns_coeffs(params):
+    return st.sampled_from(_NS_COEFFS)
+
+
+def _structural_for(target: str, option: str):
+    return STRUCTURAL.get((target, option)) or STRUCTURAL.get(("*", option))
+
+
+DTYPE_OPTIONS = [None, "float32", "bfloat16", "float16"]
+
+
+def _schedule_only_without(target: str, option: str) -> str | None:
+    match = re.search(r"without ``(\w+)``, a schedule", args_section(_catalogue_fn(target)).get(option, ""))
+    return match.group(1) if match else None
+
+
+def _option_strategy(target: str, parameter: inspect.Parameter, params: Any, schedulable: bool):
+    """The strategy of one option given the others drawn before it (a dict), or None if it has none."""
+    structural = _structural_for(target, parameter.name)
+    if structural is not None:
+        return lambda drawn: structural[0](params)
+    if _is_flag(parameter):
+        return lambda drawn: st.booleans()
+    if _is_dtype(parameter):
+        return lambda drawn: st.just(None) if _is_complex(params) else st.sampled_from(DTYPE_OPTIONS)
+    if not _is_numeric(parameter):
+        return None
+    found = documented_range(target, parameter.name)
+    if found is None:
+        return None
+    rng = found[0]
+    nullable = parameter.default is None or "None" in str(parameter.annotation)
+    # "a number or, without ``warmup_steps``, a schedule": a schedule only while that option is None.
+    only_without = _schedule_only_without(target, parameter.name)
+
+    def strategy(drawn):
+        floor = _floor(drawn.get(rng.at_least)) if rng.at_least else None
+        if rng.at_least and floor is None and rng.lo is None:
+            floor = 0.0  # the other option is a schedule or None: draw from its own documented floor
+        may_schedule = schedulable and not rng.at_least and (only_without is None or drawn[only_without] is None)
+        values = numbers(rng, schedulable=may_schedule, lo_floor=floor)
+        return st.one_of(st.none(), values) if nullable else values
+
+    return strategy
+
+
+# --------------------------------------------------------------------------
+# Targets: how each is built from its options
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A catalogue entry (with the pipeline before it, as the registry builds it) or an optimizer."""
+
+    name: str
+    parent: ux.Update | None  # catalogue entries: what the entry follows or wraps (identity() if nothing)
+    schedulable: frozenset[str]
+
+    @property
+    def fn(self):
+        return _catalogue_fn(self.name)
+
+    def build(self, options):
+        if self.parent is None or not self.parent.stages:
+            return self.fn(**options)
+        return self.fn(self.parent, **options)
+
+
+@functools.cache
+def target(name: str) -> Target:
+    if name.startswith("optimizers."):
+        schedulable = frozenset(p.name for p in _parameters(name) if "ScalarOrSchedule" in str(p.annotation))
+        return Target(name, None, schedulable)
+    template = ENTRIES[name]()  # the registry's entry: its last stage is the entry, the rest its parent
+    stage = template.stages[-1]
+    assert stage.label == name, f"registry entry {name} does not end with its own stage"
+    parent = stage.option(stage.wraps) if stage.wraps else ux.Update(template.stages[:-1])
+    return Target(name, parent, stage.schedulable)
+
+
+def options_strategy(name: str, params: Any) -> st.SearchStrategy[dict]:
+    tgt = target(name)
+    # An option another one must be at least is drawn as a number, so the other can be drawn above it.
+    floors = {documented_range(name, p.name)[0].at_least for p in _parameters(name)
+              if _is_numeric(p) and _structural_for(name, p.name) is None and documented_range(name, p.name)}
+    strategies = [(p.name, _option_strategy(name, p, params, p.name in tgt.schedulable and p.name not in floors))
+                  for p in _parameters(name)]
+    # Options others depend on are drawn first.
+    first = floors | {_schedule_only_without(name, p.name) for p in _parameters(name)}
+    strategies.sort(key=lambda item: item[0] not in first)
+
+    @st.composite
+    def draw(draw_):
+        drawn: dict[str, Any] = {}
+        for option, strategy in strategies:
+            drawn[option] = draw_(strategy(drawn), label=option)
+        return drawn
+
+    return draw()
+
+
+# --------------------------------------------------------------------------
+# Random pytrees
+
+
+class Leaf:
+    """A leaf's shape and dtype in a drawn tree spec (not a pytree node: a leaf of the spec)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def __repr__(self):
+        return f"Leaf({self.shape}, {jnp.dtype(self.dtype).name})"
+
+
+def tree_specs(dtypes: st.SearchStrategy) -> st.SearchStrategy:
+    """Nested dicts, lists and tuples of leaves and None: 0-d, zero-size and small arrays."""
+    shapes = array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5) if LONG else st.sampled_from(CI_SHAPES)
+    leaf = st.builds(Leaf, shapes, dtypes)
+    keys = st.sampled_from(["a", "b", "c", "w", "bias"])
+
+    def containers(children):
+        return st.one_of(st.dictionaries(keys, children, max_size=3), st.lists(children, max_size=3),
+                         st.lists(children, max_size=3).map(tuple))
+
+    return st.recursive(st.one_of(st.none(), leaf), containers, max_leaves=6 if LONG else 5)
+
+
+def _is_spec_leaf(x):
+    return isinstance(x, Leaf)
+
+
+@st.composite
+def trees_and_steps(draw, name):
+    """A spec, the params and ``steps`` gradient trees shaped like it (one dtype per leaf)."""
+    dtypes = list(DTYPES) + ([jnp.complex64] if name in COMPLEX_SUPPORTED else [])
+    mixed = draw(st.booleans(), label="mixed dtypes")
+    tree_dtype = draw(st.sampled_from(dtypes), label="dtype")
+    spec = draw(tree_specs(st.sampled_from(dtypes) if mixed else st.just(tree_dtype)), label="tree")
+    steps = draw(STEPS, label="steps")
+    leaves, treedef = jax.tree.flatten(spec, is_leaf=_is_spec_leaf)
+    values = [draw(arrays(np.float32, (steps + 1, *leaf.shape),
+                          elements=st.floats(-MAGNITUDE, MAGNITUDE, width=32)), label=f"leaf {i}")
+              for i, leaf in enumerate(leaves)]
+    values = [v + 1j * np.roll(v, 1) if leaf.dtype == jnp.complex64 else v for v, leaf in zip(values, leaves)]
+
+    def tree(t):
+        return treedef.unflatten([jnp.asarray(v[t], leaf.dtype) for v, leaf in zip(values, leaves)])
+
+    params, grads = tree(0), [tree(t + 1) for t in range(steps)]
+    losses = draw(st.lists(st.floats(-MAGNITUDE, MAGNITUDE, width=32), min_size=steps, max_size=steps),
+                  label="losses")
+    return params, grads, [jnp.asarray(x, jnp.float32) for x in losses]
+
+
+# --------------------------------------------------------------------------
+# Running and checking
+
+
+def _update(opt, grads, state, params, loss):
+    return opt.update(grads, state, params, loss=loss)
+
+
+#: One jitted step for everything: JAX caches it by the pipeline's structure (stages, flags, dtypes) and
+#: the tree's shapes and dtypes; hyperparameter values are leaves, so new values do not recompile.
+_jit_update = jax.jit(_update)
+
+
+def _is_complex(tree) -> bool:
+    return any(jnp.iscomplexobj(x) for x in jax.tree.leaves(tree))
+
+
+def run(opt, params, grads, losses, jit, state=None):
+    """Each step's updates and state, from ``state`` (by default ``opt.init(params)``)."""
+    step = _jit_update if jit else _update
+    state = opt.init(params) if state is None else state
+    outs, states = [], []
+    for g, loss in zip(grads, losses):
+        updates, state = step(opt, g, state, params, loss)
+        outs.append(updates)
+        states.append(state)
+    return outs, states
+
+
+def _tolerance(dtype):
+    """Rounding differences between a fused jitted step and eager kernels, relative to the leaf's scale."""
+    return {jnp.dtype(jnp.bfloat16): 3e-2, jnp.dtype(jnp.float16): 4e-3}.get(jnp.dtype(dtype), 2e-5)
+
+
+def _shapes(tree):
+    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(tree)]
+
+
+def _as_float(x):
+    x = np.asarray(x)
+    return x if np.iscomplexobj(x) else x.astype(np.float64)
+
+
+def check_structure(grads, updates, state0, state):
+    assert jax.tree.structure(updates) == jax.tree.structure(grads)
+    assert _shapes(updates) == _shapes(grads)
+    assert jax.tree.structure(state) == jax.tree.structure(state0)
+    assert _shapes(state) == _shapes(state0)
+
+
+def check_finite(updates):
+    for leaf in jax.tree.leaves(updates):
+        assert np.all(np.isfinite(_as_float(leaf))), f"non-finite update {leaf}"
+
+
+def check_close(eager, jitted):
+    """Equal up to rounding where finite (relative to the leaf's largest value), non-finite at the same places."""
+    for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
+        tol = _tolerance(x.dtype)
+        a, b = _as_float(x), _as_float(y)
+        finite = np.isfinite(a)
+        np.testing.assert_array_equal(finite, np.isfinite(b))
+        a, b = a[finite], b[finite]
+        scale = max(1.0, float(np.max(np.abs(a)))) if a.size else 1.0
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
+
+
+def _raw(x):
+    return np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+
+
+def check_bit_identical(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = _raw(x), _raw(y)
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def pipe_forms(tgt: Target, options: dict) -> list[ux.Update]:
+    """Every way to write the same pipeline (docs/DESIGN section 3)."""
+    f, name, parent = tgt.fn, tgt.name, tgt.parent
+    forms = [getattr(parent, name)(**options), f(parent, **options), ux.compose(parent, f(**options)),
+             parent.pipe(f, **options)]
+    if not parent.stages:
+        identity = ux.identity()
+        forms += [f(**options), getattr(identity, name)(**options), f(identity, **options),
+                  identity.pipe(f, **options)]
+    return forms
+
+
+# --------------------------------------------------------------------------
+# Documented exceptions to the fuzz's checks. Each relaxes one check, for the examples it applies to only,
+# and has a test at the end of this file showing the documented behaviour. (The fuzz found three bugs in
+# src/, all fixed: clip's bound not cast to a low-precision leaf's dtype, and schedule_free_adamw refusing a
+# documented learning rate with a warm-up, are now plain tests below.)
+
+
+def _can_be_zero(value: Any) -> bool:
+    if callable(value):  # a schedule: its values over the steps the fuzz takes
+        return any(float(value(jnp.asarray(c, jnp.int32))) == 0 for c in range(8))
+    return float(value) == 0
+
+
+#: The stages whose options keep a denominator off zero: all zero gives 0/0 = NaN on a zero gradient.
+ZERO_GUARDS = {
+    **{name: ("eps", "eps_root") for name in ["scale_by_adam", "scale_by_belief", "scale_by_radam",
+                                              "scale_by_amsgrad", "scale_by_nadam", "scale_by_novograd",
+                                              "scale_by_adan"]},
+    "scale_by_yogi": ("eps", "eps_root", "initial_accumulator_value"),
+    "scale_by_stddev": ("eps",),
+    "scale_by_factored_rms": ("epsilon",),
+    "scale_by_newton_schulz": ("eps",),
+    "scale_by_muon": ("eps",),
+}
+
+
+def _unguarded(opt, params):
+    return any(stage.label in ZERO_GUARDS
+               and all(_can_be_zero(stage.option(key)) for key in ZERO_GUARDS[stage.label])
+               for stage in _stages(opt))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bug:
+    summary: str
+    applies: Callable[[ux.Update, Any], bool]  # (the pipeline, the params) -> whether it can show
+    relaxes: str  # "finite": do not require finite updates
+
+
+KNOWN_BUGS = {
+    "EPS-ZERO": Bug("documented (docs/errors.md, '`eps=0` on a zero gradient'): the ranges admit eps = 0 (with "
+                    "eps_root = 0 and a zero initial accumulator), and then an exactly-zero gradient (a zero "
+                    "matrix, for Newton-Schulz) gives 0/0 = NaN, as the papers' formulas do",
+                    _unguarded, "finite"),
+}
+
+
+def known_bugs(opt, params) -> dict[str, Bug]:
+    return {key: bug for key, bug in KNOWN_BUGS.items() if bug.applies(opt, params)}
+
+
+#: Known bugs that refuse documented options at construction: (target, options) -> whether it applies.
+#: The fuzz skips exactly those draws.
+REFUSED: dict[str, tuple[Callable[[str, dict], bool], str]] = {}
+
+
+# --------------------------------------------------------------------------
+# The fuzz
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@settings(max_examples=PER_TARGET)
+@given(data=st.data())
+def test_fuzz(name, data):
+    tgt = target(name)
+    params, grads, losses = data.draw(trees_and_steps(name), label="inputs")
+    options = data.draw(options_strategy(name, params), label="options")
+    assume(not any(applies(name, options) for applies, _ in REFUSED.values()))
+    opt = tgt.build(options)
+    note(f"opt = {opt!r}")
+    bugs = known_bugs(opt, params)
+    relaxed = {bug.relaxes for bug in bugs.values()}
+    if bugs:
+        note(f"known bugs: {sorted(bugs)}")
+    # Kernels cast explicitly (strict promotion, as in the contract tests); complex leaves run under the
+    # standard promotion, as in test_complex.py.
+    promotion = "standard" if "strict" in relaxed or _is_complex(params) else "strict"
+    with jax.numpy_dtype_promotion(promotion):
+        state0 = opt.init(params)
+        eager, eager_states = run(opt, params, grads, losses, jit=False, state=state0)
+        jitted, jitted_states = run(opt, params, grads, losses, jit=True, state=state0)
+        for t, (g, e, j, es, js) in enumerate(zip(grads, eager, jitted, eager_states, jitted_states)):
+            note(f"step {t + 1}")
+            check_structure(g, e, state0, es)
+            check_structure(g, j, state0, js)
+            if "finite" not in relaxed:
+                check_finite(e)
+                check_finite(j)
+            check_close(e, j)
+        if tgt.parent is not None:
+            for form in pipe_forms(tgt, options):
+                assert form == opt and hash(form) == hash(opt) and repr(form) == repr(opt)
+                outs, states = run(form, params, grads, losses, jit=True)
+                check_bit_identical(outs, jitted)
+                check_bit_identical(states, jitted_states)
+            assert pickle.loads(pickle.dumps(opt)) == opt
+
+
+# --------------------------------------------------------------------------
+# The fuzz covers everything
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_every_option_of_every_target_has_a_strategy(name):
+    """Every option of every entry and optimizer is drawn; every numeric one from a documented range."""
+    tgt = target(name)
+    params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}
+    for p in _parameters(name):
+        strategy = _option_strategy(name, p, params, p.name in tgt.schedulable)
+        assert strategy is not None, (f"{name}({p.name}=...): no strategy; its docstring states no range the "
+                                      "fuzz can parse: document one, or add an OVERRIDES/STRUCTURAL row")
+        if _is_numeric(p) and _structural_for(name, p.name) is None:
+            assert documented_range(name, p.name) is not None
+
+
+def test_override_rows_name_existing_options_and_say_why():
+    for (name, option), (rng, why) in OVERRIDES.items():
+        assert option in {p.name for p in _parameters(name)}, (name, option)
+        assert why
+    for (name, option), (_, why) in STRUCTURAL.items():
+        if name != "*":
+            assert option in {p.name for p in _parameters(name)}, (name, option)
+        assert why
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("decay of the first moment, in [0, 1). Default: ``0.9``.", Range(False, 0.0, 1.0, False, True)),
+    ("the interpolation weight, in (0, 1). Default: ``0.9``.", Range(False, 0.0, 1.0, True, True)),
+    ("the momentum, in [0, 1]. Default: ``0.9``.", Range(False, 0.0, 1.0)),
+    ("added to the denominator, >= 0. Default: ``1e-8``.", Range(lo=0.0)),
+    ("the bound, > 0. Default: ``1.0``.", Range(lo=0.0, lo_open=True)),
+    ("step-size factor on agreeing signs, >= 1; the paper's value.", Range(lo=1.0)),
+    ("the largest step size, >= ``min_step_size``; the paper's value.", Range(at_least="min_step_size")),
+    ("calls averaged per evaluation, an integer >= 1. Default: ``1``.", Range(integer=True, lo=1)),
+    ("the number of iterations, a positive integer. Default: ``5``.", Range(integer=True, lo=1)),
+    ("the number of iterations, an integer in [1, 100].", Range(integer=True, lo=1, hi=100)),
+    ("the weight-decay rate, any real number. Default: ``0.0``.", Range()),
+    ("the factor ``c``. Default: ``1.0``.", None),
+])
+def test_parse_range(text, expected):
+    assert parse_range(text) == expected
+
+
+def test_every_optimizer_option_lands_where_its_range_is_documented():
+    """The probe that finds an optimizer option's range finds the obvious ones."""
+    assert landings("optimizers.adam", "b1") == [("scale_by_adam", "b1")]
+    assert landings("optimizers.sgd", "momentum") == [("trace", "decay")]
+    assert documented_range("optimizers.adam", "b1")[0] == Range(False, 0.0, 1.0, False, True)
+
+
+# --------------------------------------------------------------------------
+# The documented exception, and the bugs the fuzz found (fixed), as tests
+
+
+@pytest.mark.parametrize("delta", [jnp.asarray(1.0, jnp.float32), ux.schedules.constant(1.0)],
+                         ids=["array", "schedule"])
+def test_clip_casts_its_bound_to_the_leaf_dtype(delta):
+    grads = {"w": jnp.asarray([-3.0, 0.5, 2.0], jnp.bfloat16)}
+    opt = ux.clip(delta)
+    with jax.numpy_dtype_promotion("strict"):
+        out, _ = opt.update(grads, opt.init(grads))
+    assert out["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out["w"], np.float32), [-1.0, 0.5, 1.0])
+
+
+#: One call per EPS-ZERO stage, each with every option ZERO_GUARDS names at 0 (the ends of their documented
+#: ranges). scale_by_rss is not one: it guards its zero sum of squares.
+_UNGUARDED = {
+    "scale_by_adam": lambda: ux.scale_by_adam(eps=0.0, eps_root=0.0),
+    "scale_by_belief": lambda: ux.scale_by_belief(b1=0.0, eps=0.0, eps_root=0.0),
+    "scale_by_radam": lambda: ux.scale_by_radam(eps=0.0, eps_root=0.0),  # rectified from step 6 on
+    "scale_by_amsgrad": lambda: ux.scale_by_amsgrad(eps=0.0, eps_root=0.0),
+    "scale_by_nadam": lambda: ux.scale_by_nadam(eps=0.0, eps_root=0.0),
+    "scale_by_novograd": lambda: ux.scale_by_novograd(eps=0.0, eps_root=0.0),
+    "scale_by_adan": lambda: ux.scale_by_adan(eps=0.0, eps_root=0.0),
+    "scale_by_yogi": lambda: ux.scale_by_yogi(initial_accumulator_value=0.0, eps=0.0, eps_root=0.0),
+    "scale_by_stddev": lambda: ux.scale_by_stddev(eps=0.0),
+    "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(epsilon=0.0),
+    "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(eps=0.0),
+    "scale_by_muon": lambda: ux.scale_by_muon(eps=0.0),
+}
+
+
+def test_the_zero_eps_cases_cover_every_guarded_stage():
+    assert set(_UNGUARDED) == set(ZERO_GUARDS)
+
+
+@pytest.mark.parametrize("name", sorted(_UNGUARDED))
+def test_zero_eps_on_a_zero_gradient_gives_nan_as_documented(name):
+    opt = _UNGUARDED[name]()
+    grads = {"w": jnp.zeros((2, 2)), "b": jnp.asarray([0.0, 1.0])}
+    state = opt.init(grads)
+    finite = True
+    for _ in range(8):
+        updates, state = opt.update(grads, state, grads)
+        finite &= all(bool(np.all(np.isfinite(leaf))) for leaf in jax.tree.leaves(updates))
+    assert not finite, f"{opt!r} stays finite: update docs/errors.md and EPS-ZERO"
+
+
+def test_schedule_free_adamw_takes_any_documented_peak_with_a_warmup():
+    assert ux.optimizers.schedule_free_adamw(learning_rate=-0.1, warmup_steps=10) is not None
