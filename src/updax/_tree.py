@@ -215,6 +215,6 @@ def as_arrays(call: str, tree, name: str, *, floating: bool = False):
         for where, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
             if not jnp.issubdtype(leaf.dtype, jnp.inexact):
                 raise TypeError(f"{call}: {name}{jax.tree_util.keystr(where)} has dtype {leaf.dtype}; {name} must be "
-                                f"floating point or complex (cast them, e.g. with .astype(jnp.float32), or leave "
-                                f"integer leaves out of what the optimizer sees)")
+                                "floating point or complex (cast them, e.g. with .astype(jnp.float32), or leave "
+                                "integer leaves out of what the optimizer sees)")
     return tree
