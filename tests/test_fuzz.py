@@ -576,7 +576,7 @@ def tree_specs(dtypes: st.SearchStrategy) -> st.SearchStrategy:
         return st.one_of(st.dictionaries(keys, children, max_size=3), st.lists(children, max_size=3),
                          st.lists(children, max_size=3).map(tuple))
 
-    return st.recursive(st.one_of(st.none(), leaf), containers, max_leaves=6 if LONG else 5)
+    return st.recursive(st.one_of(st.none(), leaf), containers, max_leaves=6 if LONG else 4)
 
 
 def _is_spec_leaf(x):
@@ -661,13 +661,17 @@ def check_finite(updates):
         assert np.all(np.isfinite(_as_float(leaf))), f"non-finite update {leaf}"
 
 
-def check_close(eager, jitted):
-    """Equal up to rounding where finite (relative to the leaf's largest value), non-finite at the same places."""
+def check_close(eager, jitted, *, same_non_finite=True):
+    """Equal up to rounding where finite (relative to the leaf's largest value), non-finite at the same places
+    (unless ``same_non_finite`` is False: a subnormal eps may be NaN under jit only, see EFFECTIVELY_ZERO)."""
     for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
         tol = _tolerance(x.dtype)
         a, b = _as_float(x), _as_float(y)
         finite = np.isfinite(a)
-        np.testing.assert_array_equal(finite, np.isfinite(b))
+        if same_non_finite:
+            np.testing.assert_array_equal(finite, np.isfinite(b))
+        else:
+            finite &= np.isfinite(b)
         a, b = a[finite], b[finite]
         scale = max(1.0, float(np.max(np.abs(a)))) if a.size else 1.0
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * scale)
@@ -697,16 +701,25 @@ def pipe_forms(tgt: Target, options: dict) -> list[ux.Update]:
 
 
 # --------------------------------------------------------------------------
-# Documented exceptions to the fuzz's checks. Each relaxes one check, for the examples it applies to only,
-# and has a test at the end of this file showing the documented behaviour. (The fuzz found three bugs in
-# src/, all fixed: clip's bound not cast to a low-precision leaf's dtype, and schedule_free_adamw refusing a
-# documented learning rate with a warm-up, are now plain tests below.)
+# Exceptions to the fuzz's checks: documented behaviour, and open bugs. Each relaxes only the checks it names,
+# for the examples it applies to only, and has a test at the end of this file: one showing the documented
+# behaviour, or a strict-xfail reproduction of the open bug. (Bugs the fuzz found and that are fixed, clip's
+# bound not cast to a low-precision leaf's dtype and schedule_free_adamw refusing a documented learning rate
+# with a warm-up, are plain tests below.)
+
+
+#: Below this an eps counts as 0 under jax.jit: XLA may reassociate ``(m / c1) / eps`` into ``m / (c1·eps)``,
+#: whose product leaves float32's normal range and is flushed to zero (documented in docs/errors.md).
+EFFECTIVELY_ZERO = 1e-30
+
+
+def _over_steps(value: Any) -> np.ndarray:
+    """An option's values: a number's, or a schedule's over the steps the fuzz takes (one vectorised call)."""
+    return np.asarray(value(jnp.arange(8, dtype=jnp.int32)) if callable(value) else value, np.float64)
 
 
 def _can_be_zero(value: Any) -> bool:
-    if callable(value):  # a schedule: its values over the steps the fuzz takes
-        return any(float(value(jnp.asarray(c, jnp.int32))) == 0 for c in range(8))
-    return float(value) == 0
+    return bool(np.any(np.abs(_over_steps(value)) < EFFECTIVELY_ZERO))
 
 
 #: The stages whose options keep a denominator off zero: all zero gives 0/0 = NaN on a zero gradient.
@@ -716,6 +729,7 @@ ZERO_GUARDS = {
                                               "scale_by_adan"]},
     "scale_by_yogi": ("eps", "eps_root", "initial_accumulator_value"),
     "scale_by_stddev": ("eps",),
+    "scale_by_adamax": ("eps",),
     "scale_by_factored_rms": ("epsilon",),
     "scale_by_newton_schulz": ("eps",),
     "scale_by_muon": ("eps",),
@@ -728,18 +742,35 @@ def _unguarded(opt, params):
                for stage in _stages(opt))
 
 
+def _stage_option_below(label: str, option: str, bound: float):
+    """Applies when a stage named ``label`` has ``option`` below ``bound`` (at some step, for a schedule)."""
+    return lambda opt, params: any(stage.label == label and np.any(_over_steps(stage.option(option)) < bound)
+                                   for stage in _stages(opt))
+
+
 @dataclasses.dataclass(frozen=True)
 class Bug:
     summary: str
     applies: Callable[[ux.Update, Any], bool]  # (the pipeline, the params) -> whether it can show
-    relaxes: str  # "finite": do not require finite updates
+    #: "finite": do not require finite updates; "close": do not compare jit with eager
+    relaxes: tuple[str, ...]
 
 
 KNOWN_BUGS = {
     "EPS-ZERO": Bug("documented (docs/errors.md, '`eps=0` on a zero gradient'): the ranges admit eps = 0 (with "
                     "eps_root = 0 and a zero initial accumulator), and then an exactly-zero gradient (a zero "
                     "matrix, for Newton-Schulz) gives 0/0 = NaN, as the papers' formulas do",
-                    _unguarded, "finite"),
+                    _unguarded, ("finite",)),
+    # Open bugs (strict-xfail reproductions at the end of this file: fixing one makes its test fail, asking
+    # to delete its row here).
+    "BUG-STDDEV": Bug("scale_by_stddev takes rsqrt(v - m^2 + eps) without clamping v - m^2 at 0: under jit, XLA "
+                      "fuses it into an FMA that rounds below zero when the variance vanishes (decay = 0 or "
+                      "tiny), so the update is NaN where eager gives a finite one, and the two differ beyond "
+                      "rounding even where both are finite", _stage_option_below("scale_by_stddev", "decay", 0.01),
+                      ("finite", "close")),
+    "BUG-SF-B1": Bug("schedule_free recovers x as (y - (1 - b1) z) / b1, which overflows to inf for a b1 in its "
+                     "documented range (0, 1) but tiny (1e-38)",
+                     _stage_option_below("schedule_free", "b1", EFFECTIVELY_ZERO), ("finite", "close")),
 }
 
 
@@ -767,7 +798,7 @@ def test_fuzz(name, data):
     opt = tgt.build(options)
     note(f"opt = {opt!r}")
     bugs = known_bugs(opt, params)
-    relaxed = {bug.relaxes for bug in bugs.values()}
+    relaxed = {check for bug in bugs.values() for check in bug.relaxes}
     if bugs:
         note(f"known bugs: {sorted(bugs)}")
     # Kernels cast explicitly (strict promotion, as in the contract tests); complex leaves run under the
@@ -784,7 +815,8 @@ def test_fuzz(name, data):
             if "finite" not in relaxed:
                 check_finite(e)
                 check_finite(j)
-            check_close(e, j)
+            if "close" not in relaxed:
+                check_close(e, j, same_non_finite="finite" not in relaxed)
         if tgt.parent is not None:
             for form in pipe_forms(tgt, options):
                 assert form == opt and hash(form) == hash(opt) and repr(form) == repr(opt)
@@ -873,6 +905,7 @@ _UNGUARDED = {
     "scale_by_adan": lambda: ux.scale_by_adan(eps=0.0, eps_root=0.0),
     "scale_by_yogi": lambda: ux.scale_by_yogi(initial_accumulator_value=0.0, eps=0.0, eps_root=0.0),
     "scale_by_stddev": lambda: ux.scale_by_stddev(eps=0.0),
+    "scale_by_adamax": lambda: ux.scale_by_adamax(eps=0.0),
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(epsilon=0.0),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(eps=0.0),
     "scale_by_muon": lambda: ux.scale_by_muon(eps=0.0),
@@ -897,3 +930,22 @@ def test_zero_eps_on_a_zero_gradient_gives_nan_as_documented(name):
 
 def test_schedule_free_adamw_takes_any_documented_peak_with_a_warmup():
     assert ux.optimizers.schedule_free_adamw(learning_rate=-0.1, warmup_steps=10) is not None
+
+
+def _finite_steps(opt, grads, steps, jit):
+    state, update = opt.init(grads), jax.jit(opt.update) if jit else opt.update
+    for _ in range(steps):
+        updates, state = update(grads, state, grads)
+        for leaf in jax.tree.leaves(updates):
+            assert np.all(np.isfinite(leaf)), f"{opt!r}: {leaf}"
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["BUG-STDDEV"].summary)
+def test_stddev_of_a_single_sample_is_finite_under_jit():
+    _finite_steps(ux.scale_by_stddev(decay=0.0, eps=1e-8), {"w": jnp.asarray([32.179688])}, 1, jit=True)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["BUG-SF-B1"].summary)
+def test_schedule_free_with_a_tiny_documented_b1_is_finite():
+    opt = ux.scale_by_learning_rate(30.0).schedule_free(30.0, b1=float(np.finfo(np.float32).tiny))
+    _finite_steps(opt, {"w": jnp.ones(1)}, 2, jit=False)  # step 2: x = (1 - 31) / 1.2e-38 / 2 = -inf
