@@ -763,11 +763,10 @@ KNOWN_BUGS = {
                     _unguarded, ("finite",)),
     # Open bugs (strict-xfail reproductions at the end of this file: fixing one makes its test fail, asking
     # to delete its row here).
-    "BUG-STDDEV": Bug("scale_by_stddev takes rsqrt(v - m^2 + eps) without clamping v - m^2 at 0: under jit, XLA "
-                      "fuses it into an FMA that rounds below zero when the variance vanishes (decay = 0 or "
-                      "tiny), so the update is NaN where eager gives a finite one, and the two differ beyond "
-                      "rounding even where both are finite", _stage_option_below("scale_by_stddev", "decay", 0.01),
-                      ("finite", "close")),
+    "STDDEV-CANCEL": Bug("scale_by_stddev's v - m^2 cancels where the variance vanishes (decay = 0 or tiny): "
+                         "it is clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
+                         "rsqrt(variance + eps) magnifies that beyond rounding",
+                         _stage_option_below("scale_by_stddev", "decay", 0.01), ("close",)),
     "BUG-SF-B1": Bug("schedule_free recovers x as (y - (1 - b1) z) / b1, which overflows to inf for a b1 in its "
                      "documented range (0, 1) but tiny (1e-38)",
                      _stage_option_below("schedule_free", "b1", EFFECTIVELY_ZERO), ("finite", "close")),
@@ -940,7 +939,6 @@ def _finite_steps(opt, grads, steps, jit):
             assert np.all(np.isfinite(leaf)), f"{opt!r}: {leaf}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["BUG-STDDEV"].summary)
 def test_stddev_of_a_single_sample_is_finite_under_jit():
     _finite_steps(ux.scale_by_stddev(decay=0.0, eps=1e-8), {"w": jnp.asarray([32.179688])}, 1, jit=True)
 

@@ -115,7 +115,11 @@ def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype):
 def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
     def leaf(g, m, v):
         m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
-        return g * jax.lax.rsqrt(v - abs_sq(m) + eps), m, v
+        variance = v - abs_sq(m)
+        variance = variance.real if jnp.iscomplexobj(variance) else variance
+        # Clamped at 0: where the variance vanishes (decay 0 or tiny), rounding (an FMA under jit) can take
+        # v - m² below 0, and the root would be NaN.
+        return g * jax.lax.rsqrt(jnp.maximum(variance, 0.0) + eps), m, v
 
     u, mu, nu = per_leaf("scale_by_stddev", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     return u, ScaleByStddevState(mu=mu, nu=nu)
