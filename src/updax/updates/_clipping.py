@@ -16,6 +16,7 @@ from updax.updates._kernels import abs_sq, real_only, safe_sqrt
 
 def _apply_clip(updates, params, *, delta):
     real_only("clip", updates)  # complex numbers have no order to clip by
+
     def leaf(g):
         c = _tree.compute_dtype(g.dtype)  # (the bound, a JAX scalar or a schedule's value, is cast explicitly)
         bound = jnp.asarray(delta).astype(c)

@@ -303,7 +303,9 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
         if g.ndim < 2:
             new = (s,)
         else:
-            new = tuple(jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i), initial=0.0) for i in range(g.ndim))
+            # (initial=0: a zero-size leaf has no maximum; s >= 0 everywhere else)
+            new = tuple(jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i), initial=0.0)
+                        for i in range(g.ndim))
         return m.astype(g.dtype), tuple(x.astype(a.dtype) for x, a in zip(new, covers)), m.astype(m0.dtype)
 
     # state.accumulators holds a tuple per leaf of updates: map over updates' structure, then unzip.
