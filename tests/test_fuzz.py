@@ -748,6 +748,12 @@ def _stage_option_below(label: str, option: str, bound: float):
                                    for stage in _stages(opt))
 
 
+def _vanishing_variance_in_float16(opt, params):
+    float16 = any(jnp.result_type(x) == jnp.float16 for x in jax.tree.leaves(params))
+    return float16 and (_stage_option_below("scale_by_belief", "b1", 1e-3)(opt, params)
+                        or _stage_option_below("scale_by_stddev", "decay", 0.01)(opt, params))
+
+
 @dataclasses.dataclass(frozen=True)
 class Bug:
     summary: str
@@ -767,6 +773,10 @@ KNOWN_BUGS = {
                          "it is clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
                          "rsqrt(variance + eps) magnifies that beyond rounding",
                          _stage_option_below("scale_by_stddev", "decay", 0.01), ("close",)),
+    "F16-VARIANCE": Bug("scale_by_belief with b1 = 0 (s = (g - m)^2 = 0) and scale_by_stddev with decay = 0 "
+                        "(v - m^2 = 0), both in their documented ranges, divide g by sqrt(eps_root) or sqrt(eps) "
+                        "alone: g * 1e8 with belief's defaults, g * 1e4 with stddev's, which overflows a float16 "
+                        "leaf (max 65504) to inf; undocumented", _vanishing_variance_in_float16, ("finite",)),
     "BUG-SF-B1": Bug("schedule_free recovers x as (y - (1 - b1) z) / b1, which overflows to inf for a b1 in its "
                      "documented range (0, 1) but tiny (1e-38)",
                      _stage_option_below("schedule_free", "b1", EFFECTIVELY_ZERO), ("finite", "close")),
@@ -947,3 +957,10 @@ def test_stddev_of_a_single_sample_is_finite_under_jit():
 def test_schedule_free_with_a_tiny_documented_b1_is_finite():
     opt = ux.scale_by_learning_rate(30.0).schedule_free(30.0, b1=float(np.finfo(np.float32).tiny))
     _finite_steps(opt, {"w": jnp.ones(1)}, 2, jit=False)  # step 2: x = (1 - 31) / 1.2e-38 / 2 = -inf
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["F16-VARIANCE"].summary)
+@pytest.mark.parametrize("opt", [ux.scale_by_belief(b1=0.0), ux.scale_by_stddev(decay=0.0)],
+                         ids=["belief", "stddev"])
+def test_a_vanishing_variance_keeps_float16_updates_finite(opt):
+    _finite_steps(opt, {"w": jnp.asarray([0.5, -100.0], jnp.float16)}, 1, jit=False)
