@@ -748,12 +748,6 @@ def _stage_option_below(label: str, option: str, bound: float):
                                    for stage in _stages(opt))
 
 
-def _vanishing_variance_in_float16(opt, params):
-    float16 = any(jnp.result_type(x) == jnp.float16 for x in jax.tree.leaves(params))
-    return float16 and (_stage_option_below("scale_by_belief", "b1", 1e-3)(opt, params)
-                        or _stage_option_below("scale_by_stddev", "decay", 0.01)(opt, params))
-
-
 @dataclasses.dataclass(frozen=True)
 class Bug:
     summary: str
@@ -773,18 +767,37 @@ KNOWN_BUGS = {
                          "it is clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
                          "rsqrt(variance + eps) magnifies that beyond rounding",
                          _stage_option_below("scale_by_stddev", "decay", 0.01), ("close",)),
-    "F16-VARIANCE": Bug("scale_by_belief with b1 = 0 (s = (g - m)^2 = 0) and scale_by_stddev with decay = 0 "
-                        "(v - m^2 = 0), both in their documented ranges, divide g by sqrt(eps_root) or sqrt(eps) "
-                        "alone: g * 1e8 with belief's defaults, g * 1e4 with stddev's, which overflows a float16 "
-                        "leaf (max 65504) to inf; undocumented", _vanishing_variance_in_float16, ("finite",)),
-    "BUG-SF-B1": Bug("schedule_free recovers x as (y - (1 - b1) z) / b1, which overflows to inf for a b1 in its "
-                     "documented range (0, 1) but tiny (1e-38)",
-                     _stage_option_below("schedule_free", "b1", EFFECTIVELY_ZERO), ("finite", "close")),
 }
 
 
 def known_bugs(opt, params) -> dict[str, Bug]:
     return {key: bug for key, bug in KNOWN_BUGS.items() if bug.applies(opt, params)}
+
+
+#: float16's largest finite value. bfloat16 has float32's range.
+FLOAT16_MAX = float(jnp.finfo(jnp.float16).max)
+
+
+def _upcast_float16(tree):
+    return jax.tree.map(lambda x: x.astype(jnp.float32) if x.dtype == jnp.float16 else x, tree)
+
+
+def exceeds_float16(opt, params, grads, losses) -> bool:
+    """Documented (docs/errors.md, 'A result beyond float16's range'): whether the same example with its float16
+    leaves in float32 has a stage result beyond float16's range in one of those leaves, at some step. Stages
+    return their leaf's dtype, so there the float16 run overflows to inf (and a later stage may make it NaN).
+    Checked only for an example that fails, and only at the top level of the pipeline."""
+    float16 = [x.dtype == jnp.float16 for x in jax.tree.leaves(params)]
+    if not any(float16):
+        return False
+    params32, grads32 = _upcast_float16(params), [_upcast_float16(g) for g in grads]
+    for k in range(1, len(opt.stages) + 1):
+        outs, _ = run(ux.Update(opt.stages[:k]), params32, grads32, losses, jit=True)
+        for out in outs:
+            for is16, leaf in zip(float16, jax.tree.leaves(out)):
+                if is16 and np.any(np.abs(_as_float(leaf)) > FLOAT16_MAX):
+                    return True
+    return False
 
 
 #: Known bugs that refuse documented options at construction: (target, options) -> whether it applies.
@@ -817,15 +830,25 @@ def test_fuzz(name, data):
         state0 = opt.init(params)
         eager, eager_states = run(opt, params, grads, losses, jit=False, state=state0)
         jitted, jitted_states = run(opt, params, grads, losses, jit=True, state=state0)
-        for t, (g, e, j, es, js) in enumerate(zip(grads, eager, jitted, eager_states, jitted_states)):
-            note(f"step {t + 1}")
-            check_structure(g, e, state0, es)
-            check_structure(g, j, state0, js)
-            if "finite" not in relaxed:
-                check_finite(e)
-                check_finite(j)
-            if "close" not in relaxed:
-                check_close(e, j, same_non_finite="finite" not in relaxed)
+
+        def check_steps(relaxed):
+            for t, (g, e, j, es, js) in enumerate(zip(grads, eager, jitted, eager_states, jitted_states)):
+                note(f"step {t + 1}")
+                check_structure(g, e, state0, es)
+                check_structure(g, j, state0, js)
+                if "finite" not in relaxed:
+                    check_finite(e)
+                    check_finite(j)
+                if "close" not in relaxed:
+                    check_close(e, j, same_non_finite="finite" not in relaxed)
+
+        try:
+            check_steps(relaxed)
+        except AssertionError:
+            if "finite" in relaxed or not exceeds_float16(opt, params, grads, losses):
+                raise
+            note("beyond float16's range: float16 leaves may be inf or NaN, jit and eager compared where finite")
+            check_steps(relaxed | {"finite"})
         if tgt.parent is not None:
             for form in pipe_forms(tgt, options):
                 assert form == opt and hash(form) == hash(opt) and repr(form) == repr(opt)
@@ -953,14 +976,36 @@ def test_stddev_of_a_single_sample_is_finite_under_jit():
     _finite_steps(ux.scale_by_stddev(decay=0.0, eps=1e-8), {"w": jnp.asarray([32.179688])}, 1, jit=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["BUG-SF-B1"].summary)
-def test_schedule_free_with_a_tiny_documented_b1_is_finite():
-    opt = ux.scale_by_learning_rate(30.0).schedule_free(30.0, b1=float(np.finfo(np.float32).tiny))
-    _finite_steps(opt, {"w": jnp.ones(1)}, 2, jit=False)  # step 2: x = (1 - 31) / 1.2e-38 / 2 = -inf
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_schedule_free_with_a_tiny_documented_b1_is_finite_and_exact(jit):
+    # It recovered x as (y - (1 - b1)·z) / b1: step 2 was (1 - 31) / 1.2e-38 / 2 = -inf. Its steps now need no
+    # division by b1: y' - y = c·(z - y) + (1 - b1·(1 - c))·u, c = 1/t here (a constant learning rate).
+    b1 = float(np.finfo(np.float32).tiny)
+    opt = ux.scale_by_learning_rate(30.0).schedule_free(30.0, b1=b1)
+    params, grads = {"w": jnp.ones(1)}, {"w": jnp.ones(1)}
+    _finite_steps(opt, grads, 2, jit=jit)
+    update = jax.jit(opt.update) if jit else opt.update
+    state, y, z, x = opt.init(params), 1.0, 1.0, 1.0
+    for t in range(1, 4):  # closed form in float64: z' = z - 30, x' = x + (z' - x)/t, y' = b1·x' + (1 - b1)·z'
+        u, state = update(grads, state, params)
+        params = ux.apply_updates(params, u)
+        z -= 30.0
+        x += (z - x) / t
+        y = b1 * x + (1 - b1) * z
+        np.testing.assert_allclose(params["w"], [y], rtol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_BUGS["F16-VARIANCE"].summary)
-@pytest.mark.parametrize("opt", [ux.scale_by_belief(b1=0.0), ux.scale_by_stddev(decay=0.0)],
-                         ids=["belief", "stddev"])
-def test_a_vanishing_variance_keeps_float16_updates_finite(opt):
-    _finite_steps(opt, {"w": jnp.asarray([0.5, -100.0], jnp.float16)}, 1, jit=False)
+@pytest.mark.parametrize("opt", [ux.scale_by_belief(b1=0.0), ux.scale_by_stddev(decay=0.0)], ids=["belief", "stddev"])
+def test_a_result_beyond_float16s_range_is_inf_in_a_float16_leaf(opt):
+    # A vanishing variance leaves about g / sqrt(eps_root) (belief: (g - m)^2 = 0 when b1 = 0) or g / sqrt(eps)
+    # (stddev: v - m^2 = 0 when decay = 0), both in their documented ranges.
+    g = jnp.asarray([0.5, -100.0], jnp.float16)
+    u32, _ = opt.update({"w": g.astype(jnp.float32)}, opt.init({"w": g.astype(jnp.float32)}))
+    u16, _ = opt.update({"w": g}, opt.init({"w": g}))
+    u32, u16 = np.asarray(u32["w"], np.float64), np.asarray(u16["w"], np.float64)
+    beyond = np.abs(u32) > FLOAT16_MAX
+    assert np.all(np.isfinite(u32)) and beyond[1]
+    np.testing.assert_array_equal(u16[beyond], np.sign(u32[beyond]) * np.inf)
+    np.testing.assert_allclose(u16[~beyond], u32[~beyond], rtol=1e-3)
+    assert exceeds_float16(opt, {"w": g}, [{"w": g}], [jnp.zeros([])])
+    assert not exceeds_float16(opt, {"w": g.astype(jnp.bfloat16)}, [{"w": g.astype(jnp.bfloat16)}], [jnp.zeros([])])
