@@ -175,7 +175,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
         updates: the updates, a pytree of the same structure. No default.
 
     Returns:
-        The new parameters, each leaf in its param's dtype.
+        The new parameters, each leaf in its param's dtype and with its
+        param's sharding (an update sharded otherwise is resharded).
 
     Example:
         >>> import jax.numpy as jnp
@@ -196,7 +197,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
             raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
                             "the imaginary part would be dropped")
         wide = _tree.wider(p.dtype, u.dtype)
-        return (p.astype(wide) + u.astype(wide)).astype(p.dtype)
+        # The param's sharding too: an update sharded otherwise (ZeRO-1's, split over the data axis) is gathered.
+        return _tree.place_like((p.astype(wide) + u.astype(wide)).astype(p.dtype), p)
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
     return jax.tree_util.tree_map_with_path(add, params, updates)

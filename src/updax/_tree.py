@@ -7,6 +7,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 _INT32_MAX = jnp.iinfo(jnp.int32).max
 
@@ -96,10 +97,70 @@ def compute_dtype(*dtypes):
     return wider(jnp.float32, *dtypes)
 
 
+# --------------------------------------------------------------------------
+# Placement: state is created where its parameter lives
+
+
+def sharding_like(like, dims=None):
+    """The sharding of a new array derived from ``like``, or None to leave its placement to JAX.
+
+    Axis ``i`` of the new array is split like axis ``dims[i]`` of ``like``
+    (None: not split); ``dims=None`` means the same axes, ``dims=()`` a
+    scalar replicated over ``like``'s mesh. A concrete ``like`` gives its
+    own sharding (an uncommitted one: None, so the state stays uncommitted
+    too). A traced ``like`` gives its sharding on an Explicit mesh, where it
+    is part of the type; on an Auto mesh none is known at trace time (the
+    jitted function's out_shardings or XLA's propagation decide).
+    """
+    if isinstance(like, jax.core.Tracer):
+        sharding = getattr(jax.typeof(like), "sharding", None)
+        if not isinstance(sharding, NamedSharding) or AxisType.Explicit not in sharding.mesh.axis_types:
+            return None
+    else:
+        sharding = getattr(like, "sharding", None)
+        if sharding is None or not getattr(like, "_committed", True):
+            return None
+        if not isinstance(sharding, NamedSharding):  # one device (any shape), or another sharding (same shape)
+            return sharding if isinstance(sharding, SingleDeviceSharding) or dims is None else None
+    if dims is None:
+        return sharding
+    spec = tuple(sharding.spec) + (None,) * (jnp.ndim(like) - len(sharding.spec))
+    return NamedSharding(sharding.mesh, PartitionSpec(*(None if d is None else spec[d] for d in dims)))
+
+
+def full(shape, fill, dtype, like, dims=None):
+    """``jnp.full(shape, fill, dtype)`` created directly with the sharding :func:`sharding_like` gives."""
+    sharding = sharding_like(like, dims)
+    if sharding is None:
+        return jnp.full(shape, fill, dtype)
+    if isinstance(like, jax.core.Tracer):
+        return jnp.full(shape, fill, dtype, out_sharding=sharding)
+    return jnp.full(shape, fill, dtype, device=sharding)
+
+
+def place_like(x, like, dims=None):
+    """``x`` (a new value derived from ``like``) with the sharding :func:`sharding_like` gives."""
+    sharding = sharding_like(like, dims)
+    if sharding is None:
+        return x
+    if isinstance(like, jax.core.Tracer):
+        return jax.sharding.reshard(x, sharding)
+    return jax.device_put(x, sharding)
+
+
+def zeros_of(struct):
+    """Zeros of a ``jax.ShapeDtypeStruct``, with its sharding when it has one on an Explicit mesh (the type of
+    a value traced there)."""
+    sharding = getattr(struct, "sharding", None)
+    if isinstance(sharding, NamedSharding) and AxisType.Explicit in sharding.mesh.axis_types:
+        return jnp.zeros(struct.shape, struct.dtype, out_sharding=sharding)
+    return jnp.zeros(struct.shape, struct.dtype)
+
+
 def accumulator_like(leaf, dtype, fill=0.0):
-    """A full-size accumulator for ``leaf``: ``dtype`` if given, else at least float32."""
-    leaf = jnp.asarray(leaf)
-    return jnp.full(leaf.shape, fill, dtype=dtype if dtype is not None else compute_dtype(leaf.dtype))
+    """A full-size accumulator for ``leaf``, sharded like it: ``dtype`` if given, else at least float32."""
+    leaf = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+    return full(leaf.shape, fill, dtype if dtype is not None else compute_dtype(leaf.dtype), leaf)
 
 
 def accumulators(params, dtype, fill=0.0):

@@ -99,7 +99,7 @@ def _skip_record(should_skip, params):
     if should_skip is None:
         return {}
     shapes = jax.eval_shape(lambda p: should_skip(p, _tree.zero_count(), p)[1], params)
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return jax.tree.map(_tree.zeros_of, shapes)
 
 
 def _init_accumulate_gradients(params, *, inner, should_skip):
@@ -129,8 +129,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
         return inner.update(step, inner_state, params, **extra)
 
     def wait(operand):
-        shapes = jax.eval_shape(run, operand)[0]
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), operand[1]
+        return jax.tree.map(_tree.zeros_of, jax.eval_shape(run, operand)[0]), operand[1]
 
     out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))
     accumulated = jax.tree.map(lambda new, old: jnp.where(skip, old, jnp.where(ready, jnp.zeros_like(new), new)),

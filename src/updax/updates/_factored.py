@@ -76,12 +76,17 @@ def _init_scale_by_factored_rms(params, *, factored, min_dim_size_to_factor, acc
         p = jnp.asarray(p)
         dtype = accumulator_dtype if accumulator_dtype is not None else _tree.compute_dtype(p.dtype)
         dims = _factored_dims(p.shape, factored, min_dim_size_to_factor)
-        # Placeholders are separate buffers: a state holding one buffer twice cannot be donated.
+        # Placeholders are separate buffers (a state holding one buffer twice cannot be donated), replicated
+        # over the param's mesh; the factors are split along the param's axes they keep.
+        def placeholder():
+            return _tree.full((1,), 0.0, dtype, p, dims=(None,))
+
         if dims is None:
-            return jnp.zeros((1,), dtype), jnp.zeros((1,), dtype), _tree.accumulator_like(p, accumulator_dtype)
+            return placeholder(), placeholder(), _tree.accumulator_like(p, accumulator_dtype)
         second, largest = dims
-        return (jnp.zeros(_without(p.shape, largest), dtype), jnp.zeros(_without(p.shape, second), dtype),
-                jnp.zeros((1,), dtype))
+        axes = range(p.ndim)
+        return (_tree.full(_without(p.shape, largest), 0.0, dtype, p, dims=_without(axes, largest)),
+                _tree.full(_without(p.shape, second), 0.0, dtype, p, dims=_without(axes, second)), placeholder())
 
     v_row, v_col, v = _tree.tree_map_unzip("scale_by_factored_rms", leaf, 3, params, names=("params",))
     return ScaleByFactoredRmsState(v_row=v_row, v_col=v_col, v=v, count=_tree.zero_count())
@@ -274,7 +279,7 @@ def _init_scale_by_sm3(params, *, mu_dtype, accumulator_dtype):
         if p.ndim < 2:
             return (_tree.accumulator_like(p, accumulator_dtype),)
         dtype = accumulator_dtype if accumulator_dtype is not None else _tree.compute_dtype(p.dtype)
-        return tuple(jnp.zeros((n,), dtype) for n in p.shape)
+        return tuple(_tree.full((n,), 0.0, dtype, p, dims=(i,)) for i, n in enumerate(p.shape))
 
     return ScaleBySm3State(accumulators=jax.tree.map(covers, params), mu=_tree.accumulators(params, mu_dtype))
 

@@ -173,5 +173,6 @@ def filled(call: str, like: Any, init: Any, dtype: Any) -> Any:
     if _tree.is_scalar(init):
         return _tree.accumulators(like, dtype, init)
     _tree.check_same_structure(call, like, init, "the values", "init")
-    return jax.tree.map(lambda p, i: jnp.array(jnp.broadcast_to(i, jnp.shape(p)),
-                                               dtype=_tree.accumulator_like(p, dtype).dtype, copy=True), like, init)
+    return jax.tree.map(lambda p, i: _tree.place_like(jnp.array(jnp.broadcast_to(i, jnp.shape(p)), copy=True,
+                                                                dtype=_tree.accumulator_like(p, dtype).dtype), p),
+                        like, init)

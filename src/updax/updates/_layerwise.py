@@ -77,7 +77,7 @@ def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: Sc
 
 
 def _init_scale_by_novograd(params, *, mu_dtype):
-    nu = jax.tree.map(lambda p: jnp.zeros([], _tree.compute_dtype(jnp.asarray(p).dtype)), params)
+    nu = jax.tree.map(lambda p: _tree.full((), 0.0, _tree.compute_dtype(jnp.asarray(p).dtype), p, dims=()), params)
     return ScaleByNovogradState(mu=_tree.accumulators(params, mu_dtype), nu=nu, count=_tree.zero_count())
 
 

@@ -139,7 +139,8 @@ class SmaState(NamedTuple):
 def _init_sma(params, *, window, accumulator_dtype):
     def buffer(p):
         p = jnp.asarray(p)
-        return jnp.zeros((window,) + p.shape, accumulator_dtype or _tree.compute_dtype(p.dtype))
+        return _tree.full((window,) + p.shape, 0.0, accumulator_dtype or _tree.compute_dtype(p.dtype), p,
+                          dims=(None, *range(p.ndim)))
 
     return SmaState(count=_tree.zero_count(), window_values=jax.tree.map(buffer, params))
 

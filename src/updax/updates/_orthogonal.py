@@ -42,7 +42,12 @@ def _check_ns_steps(call, ns_steps):
 
 
 def _newton_schulz(x, ns_coeffs, ns_steps, eps):
-    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on a matrix, from ``x / (‖x‖_F + eps)``."""
+    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on a matrix, from ``x / (‖x‖_F + eps)``.
+
+    A matrix sharded over a mesh is gathered first (its products contract the sharded axes) and split as it
+    was at the end.
+    """
+    sharded, x = x, _tree.place_like(x, x, dims=(None, None))
     a, b, c = (jnp.asarray(k, x.dtype) for k in ns_coeffs)
     tall = x.shape[0] > x.shape[1]
     if tall:  # the iteration commutes with transposition: work with the smaller Gram matrix
@@ -51,7 +56,7 @@ def _newton_schulz(x, ns_coeffs, ns_steps, eps):
     for _ in range(ns_steps):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
+    return _tree.place_like(x.T if tall else x, sharded)
 
 
 def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps):

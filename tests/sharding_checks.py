@@ -1,0 +1,226 @@
+"""Multi-device checks of every catalogue entry and optimizer, run by tests/test_sharding.py in a subprocess.
+
+JAX fixes its number of host devices when its backend starts, so these run in
+a fresh interpreter started with ``--xla_force_host_platform_device_count=8``;
+:func:`main` prints one JSON line per target and mesh with what it found, and
+the test asserts on those lines. Importing this module does nothing.
+
+For each target, on an Explicit and on an Auto mesh of 4 x 2 devices
+(``data`` x ``model``), with params of several shardings in a nested tree:
+
+- ``init`` (eager, and jitted on the Explicit mesh) gives every state leaf
+  that mirrors a param that param's sharding; every other array state leaf
+  of a param is placed on the param's mesh;
+- three jitted, donated steps on the sharded params give the single-device
+  numbers within float32 rounding, and keep the sharding of every update and
+  of every state leaf init placed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import updax as ux
+from registry import ENTRIES
+
+#: Each param's partition spec: both mesh axes, one, none, and a None leaf.
+SPECS = {"w": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)], "s": P()}
+SHAPES = {"w": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}
+STEPS = 3
+
+
+def _tree(seed):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda shape: jnp.asarray(rng.normal(size=shape), jnp.float32), SHAPES,
+                        is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(n, int) for n in x))
+
+
+def _place(tree, mesh):
+    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)), tree, SPECS,
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def targets():
+    out = {name: build for name, build in ENTRIES.items()}
+    out.update({f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(0.1))
+                for name in ux.optimizers.__all__})
+    return out
+
+
+def _spec(x):
+    """A NamedSharding's spec, one entry per axis (so equal specs are equal shardings), else the type's name."""
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, NamedSharding):
+        return type(sharding).__name__
+    return str(tuple(sharding.spec) + (None,) * (jnp.ndim(x) - len(sharding.spec)))
+
+
+def _params_by_path(params):
+    return {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def _placement(state, params, mesh):
+    """Problems with where init put the state: a mirror leaf not sharded like its param, or a leaf of a param
+    off the param's mesh. Also the (path, spec) of every non-mirror leaf of a param, for the record."""
+    by_path = _params_by_path(params)
+    problems, derived = [], {}
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
+        key = jax.tree_util.keystr(path)
+        # The param a leaf belongs to: its path ends with the param's, or with it and one index (sm3's per-axis
+        # accumulators are a tuple per param).
+        owner = next((p for p in sorted(by_path, key=len, reverse=True)
+                      if re.search(re.escape(p) + r"(\[\d+\])?$", key)), None)
+        if owner is None or not hasattr(x, "sharding"):
+            continue  # a stage's own scalar (a count), uncommitted: jit replicates it
+        param = by_path[owner]
+        if jnp.shape(x) == param.shape:
+            if _spec(x) != _spec(param) or x.sharding.mesh != mesh:
+                problems.append(f"{key}: {_spec(x)}, its param {_spec(param)}")
+        else:
+            derived[key] = _spec(x)
+            if not isinstance(x.sharding, NamedSharding) or x.sharding.mesh != mesh:
+                problems.append(f"{key}: {x.sharding} is not on the param's mesh")
+    return problems, derived
+
+
+def _run(opt, params, grads, mesh=None):
+    step = jax.jit(lambda g, s, p: opt.update(g, s, p, loss=jnp.float32(1.0)), donate_argnums=1)
+    state = opt.init(params)
+    outs = []
+    for g in grads:
+        u, state = step(g, state, params)
+        outs.append(u)
+    return outs, state
+
+
+def check(name, build, axis_type):
+    opt = build()
+    params, grads = _tree(0), [_tree(t + 1) for t in range(STEPS)]
+    expected, _ = _run(opt, params, grads)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    result = {"name": name, "mesh": axis_type.name}
+    with jax.set_mesh(mesh):
+        sharded, sharded_grads = _place(params, mesh), [_place(g, mesh) for g in grads]
+        state0 = opt.init(sharded)
+        problems, result["derived"] = _placement(state0, sharded, mesh)
+        if axis_type == AxisType.Explicit:
+            jitted = jax.jit(opt.init)(sharded)
+            problems += [f"jit(init) {path}: {a} where init gives {b}"
+                         for (path, a), (_, b) in zip(_flat_specs(jitted), _flat_specs(state0)) if a != b]
+        outs, state = _run(opt, sharded, sharded_grads, mesh)
+        for (path, a), (_, b) in zip(_flat_specs(state), _flat_specs(state0)):
+            if b.startswith("(") and a != b:
+                problems.append(f"after the steps state{path}: {a} where init gave {b}")
+        for path, x in _params_by_path(outs[-1]).items():
+            if _spec(x) != _spec(_params_by_path(sharded)[path]):
+                problems.append(f"updates{path}: {_spec(x)}")
+    error = 0.0
+    for out, ref in zip(outs, expected):
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            scale = max(float(np.max(np.abs(b), initial=0.0)), 1e-6)  # relative to the leaf's largest value
+            error = max(error, float(np.max(np.abs(a - b), initial=0.0)) / scale)
+    result.update(problems=problems, error=error)
+    return result
+
+
+def _flat_specs(tree):
+    return [(jax.tree_util.keystr(path), _spec(x)) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def state_bytes_per_device(state):
+    """Bytes of ``state`` on the first device."""
+    device = jax.devices()[0]
+    return sum(shard.data.nbytes for x in jax.tree.leaves(state) for shard in x.addressable_shards
+               if shard.device == device)
+
+
+def zero1(axis_type):
+    """ZeRO-1: params replicated over 8 devices, adamw's state split over the data axis by zero1_shardings; the
+    same params as the replicated run, the params stay replicated, the state stays split, and each device holds
+    an eighth of the moments."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    replicated = NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(64, 32)), jnp.float32), "b": jnp.asarray(rng.normal(size=(32,)),
+                                                                                           jnp.float32),
+              "small": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
+    grads = [jax.tree.map(lambda p, t=t: jnp.cos(p * (t + 1)), params) for t in range(STEPS)]
+    opt = ux.clip_by_global_norm(1.0).pipe(ux.compose, ux.optimizers.adamw(0.1, decay=0.01))
+    result = {"name": "zero1", "mesh": axis_type.name}
+    with jax.set_mesh(mesh):
+        params = jax.device_put(params, replicated)
+        grads = [jax.device_put(g, replicated) for g in grads]
+
+        def train(state_sharding):
+            state = opt.init(params)
+            if state_sharding is not None:
+                state = jax.device_put(state, state_sharding)
+            step = jax.jit(lambda g, s, p: _apply(opt, g, s, p), donate_argnums=(1, 2),
+                           out_shardings=(replicated, state_sharding) if state_sharding is not None else None)
+            bytes_at_init, p = state_bytes_per_device(state), jax.tree.map(jnp.copy, params)
+            for g in grads:
+                p, state = step(g, state, p)
+            return p, state, bytes_at_init
+
+        ref, ref_state, result["replicated_bytes"] = train(None)
+        shardings = ux.sharding.zero1_shardings(opt.init(params), mesh, "data")
+        out, state, result["zero1_bytes"] = train(shardings)
+        problems = [f"params{path}: {_spec(x)}" for path, x in _params_by_path(out).items() if _spec(x) != "(None,)"
+                    and _spec(x) != "(None, None)"]
+        problems += [f"state{path}: {a} where zero1_shardings gives {b}" for (path, a), (_, b)
+                     in zip(_flat_specs(state), _flat_specs(jax.tree.map(lambda s: _Placed(s), shardings)))
+                     if a != b]
+        result["specs"] = dict(_flat_specs(state))
+        result["error"] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b
+                              in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+    result["problems"] = problems
+    return result
+
+
+class _Placed:
+    """An object with a sharding and the number of axes of its spec, for :func:`_spec`."""
+
+    def __init__(self, sharding):
+        self.sharding = sharding
+        self.ndim = len(sharding.spec)
+
+    def __jax_array__(self):  # pragma: no cover - never converted
+        raise TypeError
+
+
+def _apply(opt, grads, state, params):
+    updates, state = opt.update(grads, state, params)
+    return ux.apply_updates(params, updates), state
+
+
+def main(names):
+    assert jax.device_count() == 8, jax.devices()
+    if not names or "zero1" in names:
+        for axis_type in (AxisType.Explicit, AxisType.Auto):
+            try:
+                result = zero1(axis_type)
+            except Exception as e:
+                result = {"name": "zero1", "mesh": axis_type.name, "problems": [f"{type(e).__name__}: {e}"]}
+            print("RESULT " + json.dumps(result), flush=True)
+    for name, build in targets().items():
+        if names and name not in names:
+            continue
+        for axis_type in (AxisType.Explicit, AxisType.Auto):
+            try:
+                result = check(name, build, axis_type)
+            except Exception as e:  # reported, and asserted on, by the test
+                result = {"name": name, "mesh": axis_type.name, "problems": [f"{type(e).__name__}: {e}"]}
+            print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
