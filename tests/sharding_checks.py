@@ -10,7 +10,8 @@ For each target, on an Explicit and on an Auto mesh of 4 x 2 devices
 
 - ``init`` (eager, and jitted on the Explicit mesh) gives every state leaf
   that mirrors a param that param's sharding; every other array state leaf
-  of a param is placed on the param's mesh;
+  of a param is placed on the param's mesh, and a stage's own values (counts,
+  keys) are replicated over it;
 - three jitted, donated steps on the sharded params give the single-device
   numbers within float32 rounding, and keep the sharding of every update and
   of every state leaf init placed.
@@ -78,8 +79,10 @@ def _placement(state, params, mesh):
         # accumulators are a tuple per param).
         owner = next((p for p in sorted(by_path, key=len, reverse=True)
                       if re.search(re.escape(p) + r"(\[\d+\])?$", key)), None)
-        if owner is None or not hasattr(x, "sharding"):
-            continue  # a stage's own scalar (a count), uncommitted: jit replicates it
+        if owner is None:  # a stage's own value (a count, a key): replicated over the params' mesh
+            if not isinstance(x.sharding, NamedSharding) or x.sharding.mesh != mesh or _spec(x).strip("(None,) "):
+                problems.append(f"{key}: {x.sharding} is not replicated over the params' mesh")
+            continue
         param = by_path[owner]
         if jnp.shape(x) == param.shape:
             if _spec(x) != _spec(param) or x.sharding.mesh != mesh:
@@ -202,8 +205,56 @@ def _apply(opt, grads, state, params):
     return ux.apply_updates(params, updates), state
 
 
+def checkpoint(axis_type):
+    """An orbax round trip of a sharded state: restored with ``opt.init(params)`` as the target, every leaf
+    comes back with its sharding and its bits, and the next steps equal the uninterrupted run's."""
+    import tempfile
+
+    import orbax.checkpoint as ocp
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    opt = ux.optimizers.adafactor(0.1, min_dim_size_to_factor=2).pipe(ux.ema_params, 0.9)
+    params, grads = _tree(0), [_tree(t + 1) for t in range(2 * STEPS)]
+    result = {"name": "checkpoint", "mesh": axis_type.name}
+    with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as tmp:
+        params, grads = _place(params, mesh), [_place(g, mesh) for g in grads]
+        step = jax.jit(lambda g, s, p: _apply(opt, g, s, p))
+        state = opt.init(params)
+        for g in grads[:STEPS]:
+            params, state = step(g, state, params)
+        with ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(f"{tmp}/state", state)
+            checkpointer.wait_until_finished()
+            target = jax.tree.map(ocp.utils.to_shape_dtype_struct, opt.init(params))
+            restored = checkpointer.restore(f"{tmp}/state", target)
+        problems = [f"state{path}: restored {a}, saved {b}" for (path, a), (_, b)
+                    in zip(_flat_specs(restored), _flat_specs(state)) if a != b]
+        problems += [f"state{jax.tree_util.keystr(path)}: other bits" for path, a, b
+                     in zip(*zip(*jax.tree_util.tree_flatten_with_path(restored)[0]), jax.tree.leaves(state))
+                     if np.asarray(a).tobytes() != np.asarray(b).tobytes()]
+        resumed, uninterrupted = params, params
+        for g in grads[STEPS:]:
+            resumed, restored = step(g, restored, resumed)
+            uninterrupted, state = step(g, state, uninterrupted)
+        problems += [f"after resuming: {path}" for (path, a), b in zip(_params_by_path(resumed).items(),
+                                                                        jax.tree.leaves(uninterrupted))
+                     if np.asarray(a).tobytes() != np.asarray(b).tobytes()]
+        result["specs"] = dict(_flat_specs(restored))
+    result["problems"] = problems
+    return result
+
+
 def main(names):
     assert jax.device_count() == 8, jax.devices()
+    for check_fn in (checkpoint,):
+        if not names or check_fn.__name__ in names:
+            for axis_type in (AxisType.Explicit, AxisType.Auto):
+                try:
+                    result = check_fn(axis_type)
+                except Exception as e:
+                    result = {"name": check_fn.__name__, "mesh": axis_type.name,
+                              "problems": [f"{type(e).__name__}: {e}"]}
+                print("RESULT " + json.dumps(result), flush=True)
     if not names or "zero1" in names:
         for axis_type in (AxisType.Explicit, AxisType.Auto):
             try:

@@ -24,7 +24,7 @@ _RESTORE_HINT = ("pass the state that init() returned (a checkpoint must be rest
 def init(stages: Sequence[Stage], params: Any) -> tuple:
     """The initial state: one entry per stage, in pipeline order."""
     params = _tree.as_arrays("init", params, "params")
-    return tuple(stage.init(params) for stage in stages)
+    return _tree.onto_mesh_of(tuple(stage.init(params) for stage in stages), params)
 
 
 def _expected_state(pipeline: Any, reference: Any) -> Any:

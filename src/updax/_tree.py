@@ -148,6 +148,24 @@ def place_like(x, like, dims=None):
     return jax.device_put(x, sharding)
 
 
+def onto_mesh_of(state, params):
+    """``state`` with its uncommitted leaves (a stage's own counts and scalars) replicated over the mesh of
+    ``params``' first sharded leaf, if one is: then every leaf of the state is on that mesh, and the state's
+    shardings can be given to ``jax.jit`` as they are. Eager only; a traced state is left alone."""
+    mesh = next((x.sharding.mesh for x in jax.tree.leaves(params)
+                 if not isinstance(x, jax.core.Tracer) and isinstance(getattr(x, "sharding", None), NamedSharding)),
+                None)
+    if mesh is None:
+        return state
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x):
+        loose = isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not x._committed
+        return jax.device_put(x, replicated) if loose else x
+
+    return jax.tree.map(place, state)
+
+
 def zeros_of(struct):
     """Zeros of a ``jax.ShapeDtypeStruct``, with its sharding when it has one on an Explicit mesh (the type of
     a value traced there)."""

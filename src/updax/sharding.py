@@ -65,6 +65,11 @@ def zero1_shardings(tree: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data")
         >>> where = ux.sharding.zero1_shardings(state, mesh)
         >>> where[0].mu["w"].spec, where[0].count.spec
         (P('data', None), P())
+
+    References:
+        Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+        Trillion Parameter Models", SC 2020 (stage 1: optimizer state
+        partitioning). https://arxiv.org/abs/1910.02054
     """
     call = "zero1_shardings"
     if not isinstance(mesh, Mesh):
