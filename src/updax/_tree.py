@@ -144,8 +144,9 @@ def place_like(x, like, dims=None):
     if sharding is None:
         return x
     if isinstance(like, jax.core.Tracer):
-        return jax.sharding.reshard(x, sharding)
-    return jax.device_put(x, sharding)
+        same = getattr(jax.typeof(x), "sharding", None) == sharding
+        return x if same else jax.sharding.reshard(x, sharding)
+    return x if getattr(x, "sharding", None) == sharding else jax.device_put(x, sharding)
 
 
 def onto_mesh_of(state, params):
