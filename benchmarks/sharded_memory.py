@@ -144,11 +144,11 @@ def run(args):
             "command": "python benchmarks/sharded_memory.py" + (" --quick" if args.quick else "")}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sharded_memory.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    lines = [f"{args.layers} x {args.width}² MLP ({total:,} float32 params), adamw with global-norm clipping, "
-             f"{DEVICES} {jax.default_backend()} devices, jax {jax.__version__}; `{meta['command']}`", "",
-             "| layout | params on device 0 | state on device 0 | state vs replicated | step temporaries "
-             "| step (median) | vs replicated | params differ by |",
-             "|---|---|---|---|---|---|---|---|"]
+    title = (f"{args.layers} x {args.width}² MLP ({total:,} float32 params), adamw with global-norm clipping, "
+             f"{DEVICES} {jax.default_backend()} devices, jax {jax.__version__}; `{meta['command']}`")
+    header = ("| layout | params on device 0 | state on device 0 | state vs replicated | step temporaries "
+              "| step (median) | vs replicated | params differ by |")
+    lines = [title, "", header, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['layout']} | {r['params_bytes_device0'] / 2**20:.2f} MiB | "
                      f"{r['state_bytes_device0'] / 2**20:.2f} MiB | {r['state_vs_replicated']:.3f} | "
