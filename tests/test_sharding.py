@@ -2,16 +2,13 @@
 
 The multi-device checks run in a subprocess with 8 host devices (JAX fixes
 the device count when its backend starts); see tests/sharding_checks.py for
-what each target is put through. The subprocess starts with the first test of
-this module and runs while the single-device tests below do.
+what each target is put through. conftest.py starts the subprocess as soon as
+the tests are collected, so it runs alongside the rest of the suite.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +16,9 @@ import numpy as np
 import pytest
 
 import updax as ux
+from conftest import SHARDED_CHECKS, start_sharded_checks
 from sharding_checks import targets
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TARGETS = sorted(targets())
 
 #: Float32 rounding between a sharded step (reductions split over devices) and the single-device one,
@@ -30,11 +27,9 @@ ROUNDING = 1e-5
 
 
 @pytest.fixture(scope="module")
-def sharded_run():
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "sharding_checks.py")], cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def sharded_run(request):
+    """The subprocess's results by (target, mesh); conftest.py starts it when the tests are collected."""
+    proc = request.config.stash.get(SHARDED_CHECKS, None) or start_sharded_checks()
     results = {}
 
     def get():
@@ -47,10 +42,7 @@ def sharded_run():
             assert results, f"the sharded checks printed nothing; stderr:\n{err[-3000:]}"
         return results
 
-    yield get
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    return get
 
 
 # --------------------------------------------------------------------------
