@@ -8,8 +8,8 @@ the test asserts on those lines. Importing this module does nothing.
 For each target, on an Explicit and on an Auto mesh of 4 x 2 devices
 (``data`` x ``model``), with params of several shardings in a nested tree:
 
-- ``init`` (eager, and jitted on the Explicit mesh) gives every state leaf
-  that mirrors a param that param's sharding; every other array state leaf
+- ``init`` (eager, and jitted) gives every state leaf that mirrors a param
+  that param's sharding (jitted on the Auto mesh: those leaves only); every other array state leaf
   of a param is placed on the param's mesh, and a stage's own values (counts,
   keys) are replicated over it;
 - three jitted, donated steps on the sharded params give the single-device
@@ -68,7 +68,7 @@ def _params_by_path(params):
     return {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
 
-def _placement(state, params, mesh):
+def _placement(state, params, mesh, mirrors_only=False):
     """Problems with where init put the state: a mirror leaf not sharded like its param, or a leaf of a param
     off the param's mesh. Also the (path, spec) of every non-mirror leaf of a param, for the record."""
     by_path = _params_by_path(params)
@@ -79,6 +79,8 @@ def _placement(state, params, mesh):
         # accumulators are a tuple per param).
         owner = next((p for p in sorted(by_path, key=len, reverse=True)
                       if re.search(re.escape(p) + r"(\[\d+\])?$", key)), None)
+        if mirrors_only and (owner is None or jnp.shape(x) != by_path[owner].shape):
+            continue
         if owner is None:  # a stage's own value (a count, a key): replicated over the params' mesh
             if not isinstance(x.sharding, NamedSharding) or x.sharding.mesh != mesh or _spec(x).strip("(None,) "):
                 problems.append(f"{key}: {x.sharding} is not replicated over the params' mesh")
@@ -114,10 +116,12 @@ def check(name, build, axis_type, expected):
         sharded, sharded_grads = _place(params, mesh), [_place(g, mesh) for g in grads]
         state0 = opt.init(sharded)
         problems, result["derived"] = _placement(state0, sharded, mesh)
-        if axis_type == AxisType.Explicit:
-            jitted = jax.jit(opt.init)(sharded)
+        jitted = jax.jit(opt.init)(sharded)
+        if axis_type == AxisType.Explicit:  # the types carry every sharding
             problems += [f"jit(init) {path}: {a} where init gives {b}"
                          for (path, a), (_, b) in zip(_flat_specs(jitted), _flat_specs(state0)) if a != b]
+        else:  # no sharding is known while tracing: the leaves shaped like their param still follow it
+            problems += [f"jit(init) {p}" for p in _placement(jitted, sharded, mesh, mirrors_only=True)[0]]
         outs, state = _run(opt, sharded, sharded_grads, mesh)
         for (path, a), (_, b) in zip(_flat_specs(state), _flat_specs(state0)):
             if b.startswith("(") and a != b:

@@ -128,14 +128,32 @@ def sharding_like(like, dims=None):
     return NamedSharding(sharding.mesh, PartitionSpec(*(None if d is None else spec[d] for d in dims)))
 
 
+def _tied(value, like):
+    """``value`` (shaped like ``like``) placed like ``like`` under jit on an Auto mesh, where no sharding is known
+    while tracing: a select on a constant true, which XLA's sharding propagation reads before its simplifier
+    folds it to ``value``; the compiled step does not read ``like``. (``jnp.where``, not ``lax.select``: its
+    select sits in a call of its own, which keeps it until propagation; tests/sharding_checks.py checks it.)"""
+    if jnp.iscomplexobj(like) and not jnp.iscomplexobj(value):
+        like = like.real
+    return jnp.where(True, value, like.astype(value.dtype))
+
+
 def full(shape, fill, dtype, like, dims=None):
-    """``jnp.full(shape, fill, dtype)`` created directly with the sharding :func:`sharding_like` gives."""
+    """``jnp.full(shape, fill, dtype)`` created directly with the sharding :func:`sharding_like` gives (under jit
+    on an Auto mesh, placed like ``like`` when it has ``like``'s shape)."""
     sharding = sharding_like(like, dims)
     if sharding is None:
-        return jnp.full(shape, fill, dtype)
+        value = jnp.full(shape, fill, dtype)
+        traced = isinstance(like, jax.core.Tracer)
+        return _tied(value, like) if traced and dims is None and tuple(shape) == like.shape else value
     if isinstance(like, jax.core.Tracer):
         return jnp.full(shape, fill, dtype, out_sharding=sharding)
     return jnp.full(shape, fill, dtype, device=sharding)
+
+
+def zeros_like(x):
+    """``jnp.zeros_like(x)``, placed like ``x`` also under jit on an Auto mesh."""
+    return full(jnp.shape(x), 0, jnp.result_type(x), x)
 
 
 def place_like(x, like, dims=None):

@@ -174,5 +174,5 @@ def filled(call: str, like: Any, init: Any, dtype: Any) -> Any:
         return _tree.accumulators(like, dtype, init)
     _tree.check_same_structure(call, like, init, "the values", "init")
     return jax.tree.map(lambda p, i: _tree.place_like(jnp.array(jnp.broadcast_to(i, jnp.shape(p)), copy=True,
-                                                                dtype=_tree.accumulator_like(p, dtype).dtype), p),
+                                                                dtype=dtype or _tree.compute_dtype(p.dtype)), p),
                         like, init)

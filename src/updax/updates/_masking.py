@@ -165,7 +165,7 @@ def _apply_freeze(updates, params, *, mask):
     mask = _resolve("freeze", mask, updates if params is None else params, "mask")
     _tree.check_same_structure("freeze", mask, updates, "mask", "updates")
     treedef = jax.tree.structure(mask)
-    merged = [jnp.zeros_like(u) if m else u for u, m in zip(treedef.flatten_up_to(updates), jax.tree.leaves(mask))]
+    merged = [_tree.zeros_like(u) if m else u for u, m in zip(treedef.flatten_up_to(updates), jax.tree.leaves(mask))]
     return treedef.unflatten(merged)
 
 

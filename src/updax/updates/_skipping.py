@@ -104,7 +104,7 @@ def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_err
     finite = (_count_not_finite(updates) == 0) & (_count_not_finite(out) == 0)
     notfinite_count = jnp.where(finite, 0, _tree.safe_increment(state.notfinite_count))
     apply = finite | (notfinite_count > max_consecutive_errors)
-    zeros = jax.tree.map(jnp.zeros_like, out)
+    zeros = jax.tree.map(_tree.zeros_like, out)
     out, inner_state = jax.lax.cond(apply, lambda o: o[0], lambda o: o[1],
                                     ((out, inner_state), (zeros, state.inner)))
     total = jnp.where(finite, state.total_notfinite, _tree.safe_increment(state.total_notfinite))
