@@ -18,7 +18,8 @@ from registry import catalogue_names
 PUBLIC = catalogue_names() + ["stateless", "stateful"]
 DOCUMENTED = ([(ux, name) for name in PUBLIC] + [(ux.optimizers, name) for name in ux.optimizers.__all__]
               + [(ux.schedules, name) for name in ux.schedules.__all__ if name != "Schedule"]
-              + [(ux.sharding, name) for name in ux.sharding.__all__])
+              + [(ux.sharding, name) for name in ux.sharding.__all__]
+              + [(ux.interop, name) for name in ux.interop.__all__])
 
 
 def _args_section(doc):

@@ -8,9 +8,10 @@ scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> clip_by_global_nor
 from updax import optimizers, schedules, sharding, updates
 from updax._stage import EmptyState, ScheduledState, Stage
 from updax._update import Update
+from updax.interop import from_optax, to_optax
 from updax.updates import *  # noqa: F403  (the catalogue is also reachable as updax.<name>)
 from updax.updates import __all__ as _catalogue
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "optimizers", "schedules", "sharding", "updates", *_catalogue]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "from_optax", "optimizers", "schedules", "sharding", "to_optax", "updates", *_catalogue]

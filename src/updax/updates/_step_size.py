@@ -213,7 +213,8 @@ def _init_reduce_on_plateau(params):
 def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, atol, cooldown,
                              accumulation_size, min_scale, loss=None):
     if loss is None:
-        raise ValueError("reduce_on_plateau needs the loss: call update(updates, state, params, loss=loss)")
+        raise ValueError("reduce_on_plateau needs the loss: call update(updates, state, params, loss=loss) (inside "
+                         "optax.chain, wrap the updax object in ux.to_optax so that optax passes the loss on)")
     count = _tree.safe_increment(state.count)
     avg = (state.count.astype(jnp.float32) * state.avg_loss + jnp.asarray(loss, jnp.float32)) / count.astype(jnp.float32)
     evaluate = count >= accumulation_size
