@@ -59,8 +59,8 @@ def _names(text: str) -> set[str]:
 
 
 #: The methods of Update's own that the stub declares, in this order.
-OWN = ("__init__", "init", "update", "__iter__", "pipe", "get_state", "replace_state", "__eq__", "__hash__",
-       "__repr__")
+OWN = ("__init__", "init", "update", "__iter__", "pipe", "get_state", "replace_state", "hyperparams_in_state",
+       "__eq__", "__hash__", "__repr__")
 
 
 def _default(value) -> str:

@@ -60,7 +60,7 @@ def test_constant_hyperparameters_read_by_name_and_cannot_be_replaced_as_state()
     with pytest.raises(KeyError, match="step_size is a hyperparameter, not state"):
         opt.replace_state(state, "scale.step_size", 0.1)
     scheduled = ux.scale(_decaying)
-    with pytest.raises(KeyError, match="step_size is a hyperparameter, not state"):
+    with pytest.raises(KeyError, match="step_size is a schedule, evaluated anew on every step"):
         scheduled.replace_state(scheduled.init(None), "scale.step_size", 0.1)
 
 

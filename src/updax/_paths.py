@@ -107,9 +107,14 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
     """See :meth:`updax.Update.replace_state`."""
     steps, field, stage = _resolve(pipeline, path)
     entry = _entry(pipeline, state, steps, f"replace_state({path!r})")
-    if field is not None and _where(path, stage, entry, field) != "state":
+    where = "state" if field is None else _where(path, stage, entry, field)
+    if where == "scheduled" and field not in stage.held:
+        raise KeyError(f"replace_state({path!r}): {field} is a schedule, evaluated anew on every step; build the "
+                       f"update object with another schedule instead")
+    if where == "option":
         raise KeyError(f"replace_state({path!r}): {field} is a hyperparameter, not state; build the "
-                       f"update object with the new value (or a schedule) instead")
+                       f"update object with the new value (or a schedule) instead, or keep the hyperparameters "
+                       f"in the state with ux.hyperparams_in_state(opt)")
     value = _like(path, get_state(pipeline, state, path), value)
 
     def rebuild(node, depth):
@@ -119,6 +124,9 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
             own = _own(child)
             if wrapped is not None:
                 own = own._replace(**{wrapped: rebuild(getattr(own, wrapped), depth + 1)})
+            elif where == "scheduled":  # a held hyperparameter
+                return tuple(node[:position]) + (child._replace(hyperparams={**child.hyperparams, field: value}),) \
+                    + tuple(node[position + 1:])
             else:
                 own = own._replace(**{field: value})
             child = child._replace(state=own) if isinstance(child, ScheduledState) else own

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, key_of, keywords
+from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, is_number, key_of, keywords
 
 __all__ = ["EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates"]
 
@@ -132,10 +132,12 @@ class Stage:
         schedulable: options evaluated per step when their value is callable.
         dynamic: options that are pytree leaves (derived).
         scheduled: options whose value is a schedule (derived).
+        held: options whose value lives in the state (see
+            :func:`updax.hyperparams_in_state`); empty unless asked for.
     """
 
     __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
-                 "dynamic", "scheduled")
+                 "dynamic", "scheduled", "held")
 
     name: str | None
     init_fn: Callable[..., Any] | None
@@ -147,6 +149,7 @@ class Stage:
     schedulable: frozenset[str]
     dynamic: frozenset[str]
     scheduled: frozenset[str]
+    held: frozenset[str]
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
@@ -178,14 +181,35 @@ class Stage:
         self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable)
 
     def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
-             scheduled=None):
+             scheduled=None, held=frozenset()):
         if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
             dynamic = frozenset(k for k, v in options
                                 if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
             scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
         for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
-                                                schedulable, dynamic, scheduled)):
+                                                schedulable, dynamic, scheduled, held)):
             object.__setattr__(self, slot, value)
+
+    def holdable(self) -> frozenset[str]:
+        """The options :func:`updax.hyperparams_in_state` keeps in the state: the numbers and arrays among the
+        dynamic options that are not schedules (a schedule's value on the last step is in the state already)."""
+        return frozenset(k for k, v in self.options if k in self.dynamic and k not in self.scheduled and is_number(v))
+
+    def _holding(self, convert: Callable[[Any], Any]) -> Stage:
+        """This stage with its holdable options kept in the state, and ``convert`` applied to every update object
+        its options hold (the pipeline it wraps, partition's groups)."""
+        options = tuple((k, v if k in self.static or isinstance(v, Frozen) else _map_pipelines(convert, v))
+                        for k, v in self.options)
+        stage = Stage.__new__(Stage)
+        stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
+                   self.schedulable, self.dynamic, self.scheduled)
+        object.__setattr__(stage, "held", stage.holdable())
+        return stage
+
+    @property
+    def in_state(self) -> frozenset[str]:
+        """The options whose current values the state holds: the scheduled ones and the held ones."""
+        return self.scheduled | self.held
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("update objects are immutable")
@@ -208,6 +232,7 @@ class Stage:
         options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
                    self.schedulable)
+        object.__setattr__(stage, "held", self.held & stage.holdable())
         return stage
 
     @staticmethod
@@ -234,9 +259,10 @@ class Stage:
         count = _tree.zero_count()
         values = self._values(count)
         state = EmptyState() if self.init_fn is None else self.init_fn(params, **self._kwargs(self.init_fn, values))
-        if not self.scheduled:
+        if not self.in_state:
             return state
-        return ScheduledState(state=state, count=count, hyperparams={k: values[k] for k in sorted(self.scheduled)})
+        hyperparams = {k: _held_value(values[k]) if k in self.held else values[k] for k in sorted(self.in_state)}
+        return ScheduledState(state=state, count=count, hyperparams=hyperparams)
 
     def apply(self, updates: Any, state: Any, params: Any, extra: Mapping[str, Any]) -> tuple[Any, Any]:
         """Runs the stage: ``(updates, state)`` after one step; ``extra`` are the keywords ``update`` got."""
@@ -245,21 +271,22 @@ class Stage:
                 f"{self.label} needs params, but update() got none: call update(updates, state, params)"
             )
         outer = state
-        if self.scheduled:
+        if self.in_state:
             if not isinstance(state, ScheduledState):
-                raise ValueError(f"{self.label}: its options are scheduled, so its state must be the "
-                                 f"ScheduledState that init() returns, got {type(state).__name__}")
+                raise ValueError(f"{self.label}: its options are {'scheduled' if self.scheduled else 'held'}, so its "
+                                 f"state must be the ScheduledState that init() returns, got {type(state).__name__}")
             state = outer.state
         values = self._values(outer.count if self.scheduled else None)
+        values.update({k: outer.hyperparams[k] for k in self.held})
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         if self.init_fn is None:
             updates = check_updates(self.label, updates, self.apply_fn(updates, params, **kwargs))
         else:
             updates, state = check_stage_result(self.label, updates, state,
                                                 self.apply_fn(updates, state, params, **kwargs))
-        if self.scheduled:
+        if self.in_state:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
-                                   hyperparams={k: values[k] for k in sorted(self.scheduled)})
+                                   hyperparams={k: values[k] for k in sorted(self.in_state)})
         return updates, state
 
     # --- value semantics ---------------------------------------------------
@@ -267,7 +294,7 @@ class Stage:
     def _key(self):
         options = tuple((k, key_of(v)) for k, v in self.options)
         return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                self.schedulable)
+                self.schedulable, self.held)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Stage and self._key() == other._key()
@@ -277,7 +304,7 @@ class Stage:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
-                                 self.static, self.schedulable))
+                                 self.static, self.schedulable, self.held))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -344,29 +371,48 @@ def _store(call, key, value, static):
                         "or a pytree of them") from None
 
 
-def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable):
+def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset()):
     if name is not None:
         names = frozenset(k for k, _ in options)
         _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable))
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held)
     return stage
+
+
+def _held_value(value):
+    """A held option as the state keeps it: an array of its own dtype (a Python float as the default float, an
+    int as int32), so that the state's structure and dtypes are fixed at init."""
+    if isinstance(value, float):
+        return jnp.asarray(value, jax.dtypes.canonicalize_dtype(jnp.float64))
+    if isinstance(value, int):
+        return jnp.asarray(value, jnp.int32)
+    return jnp.array(value, copy=True)
+
+
+def _map_pipelines(convert, value):
+    """``value`` with ``convert`` applied to every update object in it (the option itself, or leaves of a tree)."""
+    if _is_pipeline(value):
+        return convert(value)
+    if isinstance(value, (dict, list, tuple)) and not hasattr(value, "_fields"):
+        return jax.tree.map(lambda v: convert(v) if _is_pipeline(v) else v, value, is_leaf=_is_pipeline)
+    return value
 
 
 def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
     aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
-           stage.schedulable, stage.dynamic, stage.scheduled)
+           stage.schedulable, stage.dynamic, stage.scheduled, stage.held)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
-    name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled = aux
+    name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held)
     return stage
 
 

@@ -144,17 +144,40 @@ class Update:
         return (Update, (self.stages,))
 
     def __repr__(self) -> str:
-        """The pipeline in pipe notation, its identity (see the class docstring)."""
+        """The pipeline in pipe notation, its identity (see the class docstring).
+
+        Stages whose hyperparameters live in the state (:func:`updax.hyperparams_in_state`) print inside
+        ``hyperparams_in_state(...)``: each run of them, with the stages after them that hold no number.
+        """
         if not self.stages:
             return "identity()"
-        head, rest = self.stages[0], self.stages[1:]
-        parts = [repr(stage) for stage in rest]
-        if head.wraps is not None and head.option(head.wraps).stages:
-            # A leading wrapper wraps everything before it: that prints first.
-            parts[:0] = [repr(head.option(head.wraps)), head._arguments(with_wrapped=False)]
-        else:
-            parts.insert(0, repr(head))
+        parts: list[str] = []
+        run: list[str] | None = None  # the held run being printed
+        for i, stage in enumerate(self.stages):
+            if i == 0 and stage.wraps is not None and stage.option(stage.wraps).stages:
+                # A leading wrapper wraps everything before it: that prints first.
+                parts.append(repr(stage.option(stage.wraps)))
+                text = stage._arguments(with_wrapped=False)
+            else:
+                text = repr(stage)
+            if stage.held or (run is not None and not stage.holdable()):
+                run = [] if run is None else run
+                run.append(text)
+                continue
+            if run is not None:
+                parts.append(f"hyperparams_in_state({' |> '.join(run)})")
+                run = None
+            parts.append(text)
+        if run is not None:
+            parts.append(f"hyperparams_in_state({' |> '.join(run)})")
         return " |> ".join(parts)
+
+    def hyperparams_in_state(self) -> Update:
+        """This pipeline with its numeric hyperparameters kept in the state (see
+        :func:`updax.hyperparams_in_state`)."""
+        from updax._held import hyperparams_in_state
+
+        return hyperparams_in_state(self)
 
 
 jax.tree_util.register_pytree_with_keys(

@@ -61,6 +61,9 @@ class Update:
         """Reads a stage's state, one field of it, or one of its options, by name."""
     def replace_state(self, state: Any, path: str, value: Any) -> Any:
         """Returns ``state`` with the stage state or field at ``path`` replaced."""
+    def hyperparams_in_state(self) -> Update:
+        """This pipeline with its numeric hyperparameters kept in the state (see
+        :func:`updax.hyperparams_in_state`)."""
     def __eq__(self, other: object) -> bool:
         """Equal stages with equal options: exactly when the printed forms are the same."""
     def __hash__(self) -> int:
