@@ -1,0 +1,70 @@
+"""The cases of tests/test_checkpoints.py, and the fresh process that resumes them.
+
+``python checkpoint_cases.py DIR`` restores every case's state saved in DIR
+(with orbax, and with flax.serialization), takes the remaining steps, and
+writes the final params to DIR/<case>.<format>.npz.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import updax as ux
+from registry import nested_tree
+
+BEFORE, AFTER = 2, 2  # steps before the checkpoint, and after it
+
+CASES = {name: (lambda name=name: getattr(ux.optimizers, name)(0.05)) for name in ux.optimizers.__all__}
+CASES["hyperparams_in_state.adamw"] = lambda: ux.hyperparams_in_state(ux.optimizers.adamw(0.05))
+CASES["schedule.adam"] = lambda: ux.optimizers.adam(ux.schedules.cosine_decay(0.05, decay_steps=10))
+
+
+def params():
+    return nested_tree()
+
+
+def grads(p, t):
+    return jax.tree.map(lambda x: jnp.cos(x * (t + 1)) + 0.01 * t, p)
+
+
+def run(opt, p, state, steps, start):
+    step = jax.jit(lambda g, s, p: _step(opt, g, s, p))
+    for t in range(start, start + steps):
+        p, state = step(grads(p, t), state, p)
+    return p, state
+
+
+def _step(opt, g, s, p):
+    updates, s = opt.update(g, s, p, loss=jnp.asarray(1.0))
+    return ux.apply_updates(p, updates), s
+
+
+def flat(tree):
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def resume(directory):
+    import orbax.checkpoint as ocp
+    from flax import serialization
+
+    for name, build in CASES.items():
+        opt = build()
+        p0 = {k: v for k, v in np.load(f"{directory}/{name}.params.npz").items()}
+        p = jax.tree.unflatten(jax.tree.structure(params()), [jnp.asarray(p0[k]) for k in flat(params())])
+        target = opt.init(p)
+        with ocp.StandardCheckpointer() as checkpointer:
+            restored = checkpointer.restore(f"{directory}/{name}.orbax",
+                                            jax.tree.map(ocp.utils.to_shape_dtype_struct, target))
+        with open(f"{directory}/{name}.flax", "rb") as f:
+            from_bytes = serialization.from_bytes(target, f.read())
+        for fmt, state in (("orbax", restored), ("flax", from_bytes)):
+            final, _ = run(opt, p, state, AFTER, BEFORE)
+            np.savez(f"{directory}/{name}.{fmt}.npz", **flat(final))
+
+
+if __name__ == "__main__":
+    resume(sys.argv[1])
