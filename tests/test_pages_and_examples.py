@@ -132,3 +132,30 @@ def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
         assert row["bandwidth_gb_s"] > 0, row
     assert (tmp_path / "results-quick.json").exists()
     assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()
+
+
+#: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
+POLARIS = {
+    "Polaris.Updates": ["add_decayed_weights", "add_noise", "apply_updates", "centralize", "clip",
+                        "clip_by_global_norm", "compose", "identity", "scale", "scale_by_adam", "scale_by_belief",
+                        "scale_by_radam", "scale_by_rms", "scale_by_rss", "scale_by_schedule", "scale_by_state",
+                        "scale_by_stddev", "scale_by_trust_ratio", "scale_by_yogi", "stateful", "stateless", "trace"],
+    "Polaris.Optimizers": ["adabelief", "adagrad", "adam", "adamw", "fromage", "lamb", "noisy_sgd", "radam",
+                           "rmsprop", "sgd", "yogi"],
+    "Polaris.Schedules": ["constant", "cosine_decay", "exponential_decay", "polynomial_decay", "linear_decay"],
+}
+
+
+def test_the_porting_checklist_covers_polaris_and_names_what_exists():
+    text = (ROOT / "docs" / "porting.md").read_text()
+    rows = re.findall(r"^\| `(Polaris\.\w+)\.(\w+)/[\d,]+` \| `([\w.]+)\(", text, re.M)
+    rows += re.findall(r"^\| `(Polaris\.(?:Optimizers|Schedules))\.(\w+)` \| `([\w.]+)\(", text, re.M)
+    found = {}
+    for module, name, python in rows:
+        found.setdefault(module, []).append(name)
+        head, *path = python.split(".")
+        obj = {"ux": ux, "uxs": ux.schedules}[head]
+        for part in path:
+            obj = getattr(obj, part)
+        assert callable(obj) and path[-1] == name, (module, name, python)
+    assert {m: sorted(n) for m, n in found.items()} == {m: sorted(n) for m, n in POLARIS.items()}
