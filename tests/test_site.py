@@ -1,0 +1,62 @@
+"""The docs site builds with ``mkdocs build --strict``, and its API reference documents every public name."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import pathlib
+import pkgutil
+import re
+import subprocess
+import sys
+
+import pytest
+
+import updax as ux
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+#: The import names of the docs extra's packages (pyproject.toml).
+DOCS_EXTRA = ["mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "pymdownx"]
+#: updax and its public sub-modules: each one's ``__all__`` is documented.
+MODULES = [ux] + [importlib.import_module(f"updax.{m.name}") for m in pkgutil.iter_modules(ux.__path__)
+                  if not m.name.startswith("_")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """{page: html} of the API reference (docs/api/) in a strict build of the site."""
+    missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.fail(f"the docs extra is not installed ({', '.join(missing)} missing): pip install -e '.[docs]'")
+    site = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr
+    return {page.relative_to(site).as_posix(): page.read_text() for page in sorted((site / "api").rglob("*.html"))}
+
+
+def _where_documented(module, name):
+    """The reference anchors that document ``module.name``: its own, or that of the same object in another module."""
+    obj = getattr(module, name)
+    anchors = {f"{other.__name__}.{name}" for other in MODULES if getattr(other, name, None) is obj}
+    return anchors | ({obj.__name__} if inspect.ismodule(obj) else set())
+
+
+def test_the_reference_documents_every_public_name(reference):
+    anchors = {a for html in reference.values() for a in re.findall(r'\bid="([\w.]+)"', html)}
+    missing = [f"{m.__name__}.{n}" for m in MODULES for n in m.__all__ if not _where_documented(m, n) & anchors]
+    assert not missing, f"docs/api/ does not document {missing}"
+    # The fluent methods come from src/updax/_update.pyi: the reference shows each one with its signature.
+    methods = [n for n, f in vars(ux.Update).items() if callable(f) and not n.startswith("_")]
+    missing = [n for n in methods if f"updax.Update.{n}" not in anchors]
+    assert not missing, f"docs/api/ does not document the methods {missing} of Update"
+
+
+def test_the_reference_renders_the_docstrings_markup(reference):
+    """docs/api/docstrings.py's work: examples are code, not quotes, and no reStructuredText role is left raw."""
+    for page, html in reference.items():
+        assert "<blockquote>" not in html, f"{page}: a docstring's >>> lines render as a quote, not as code"
+        raw = re.findall(r":(?:func|class|meth|attr|mod|data|obj):<code>[^<]*</code>", html)
+        assert not raw, f"{page}: reStructuredText roles left as text: {raw}"
