@@ -1009,3 +1009,22 @@ def test_a_result_beyond_float16s_range_is_inf_in_a_float16_leaf(opt):
     np.testing.assert_allclose(u16[~beyond], u32[~beyond], rtol=1e-3)
     assert exceeds_float16(opt, {"w": g}, [{"w": g}], [jnp.zeros([])])
     assert not exceeds_float16(opt, {"w": g.astype(jnp.bfloat16)}, [{"w": g.astype(jnp.bfloat16)}], [jnp.zeros([])])
+
+
+def test_the_long_runs_two_schedule_findings_are_finite():
+    """Found by the long run: a schedule from a value below the other end's rounding started at 0 (adadelta's eps
+    from 6e-8 to 2 divided 0 by 0 on a zero complex gradient; adafactor's block-RMS clipping threshold from
+    2.2e-16 to 1 divided a zero update by 0). Schedules are now exact at both ends, and a threshold of 0 clips
+    every update to 0 without 0/0."""
+    poly = ux.schedules.polynomial_decay
+    adadelta = ux.scale_by_adadelta(rho=0.0, eps=poly(5.960464477539063e-08, end_value=2.0, power=1.0,
+                                                          transition_steps=2))
+    _finite_steps(adadelta, {"w": jnp.zeros(2, jnp.complex64)}, 2, jit=True)
+    adafactor = ux.optimizers.adafactor(None, min_dim_size_to_factor=1, decay_rate=0.0, eps=1.0, factored=False,
+                                        multiply_by_parameter_scale=False,
+                                        clipping_threshold=poly(2.220446049250313e-16, end_value=1.0, power=1.0,
+                                                                transition_steps=2))
+    _finite_steps(adafactor, {"a": jnp.zeros(())}, 2, jit=False)
+    clip = ux.clip_by_block_rms(ux.schedules.constant(0.0))
+    out, _ = clip.update({"z": jnp.zeros(3), "g": jnp.ones(3)}, clip.init(None))
+    assert np.all(out["z"] == 0) and np.all(out["g"] == 0)

@@ -458,3 +458,18 @@ def test_a_schedule_keeps_a_copy_of_a_numpy_option():
     schedule = uxs.constant(value)
     value[...] = 2.0
     assert float(schedule(3)) == 0.5
+
+
+@pytest.mark.parametrize("schedule, at_start, at_end", [
+    (uxs.polynomial_decay(5.960464477539063e-08, end_value=2.0, power=1.0, transition_steps=2), 5.960464477539063e-08,
+     2.0),
+    (uxs.polynomial_decay(2.220446049250313e-16, end_value=1.0, power=1.0, transition_steps=2), 2.220446049250313e-16,
+     1.0),
+    (uxs.polynomial_decay(3.0, end_value=1e-30, power=2.0, transition_steps=3), 3.0, 1e-30),
+    (uxs.warmup_cosine_decay(1e-30, peak_value=4.0, warmup_steps=2, decay_steps=6, end_value=0.0), 1e-30, 0.0),
+])
+def test_interpolating_schedules_are_exact_at_both_ends(schedule, at_start, at_end):
+    """A value far below the other end's rounding is kept: (a - b) + b would give 0 (found by the long fuzz:
+    a polynomial eps schedule from 6e-8 to 2 started at eps = 0, and adadelta divided 0 by 0)."""
+    assert float(schedule(0)) == np.float32(at_start)
+    assert float(schedule(1000)) == np.float32(at_end)

@@ -186,13 +186,19 @@ def _cosine(t, init, steps, alpha, exponent=1.0):
     return init * ((1 - alpha) * cos**exponent + alpha)
 
 
+def _lerp(a, b, w):
+    """``a·(1 - w) + b·w``: exactly ``a`` at ``w = 0`` and exactly ``b`` at ``w = 1``. (``a + (b - a)·w`` is not:
+    with ``|a|`` below ``b``'s rounding, ``(a - b) + b`` gives 0, so a schedule from 6e-8 to 2 would start at 0.)"""
+    return a * (1 - w) + b * w
+
+
 def _polynomial(t, init, end, power, steps, begin):
     done = jnp.clip(t - begin, 0, steps) / steps
-    return (init - end) * (1 - done) ** power + end
+    return _lerp(end, init, (1 - done) ** power)
 
 
 def _warmup(t, init, peak, steps):
-    return init + (peak - init) * t / jnp.maximum(steps, 1)
+    return _lerp(init, peak, t / jnp.maximum(steps, 1))
 
 
 def _interpolate(kind, t, bounds, values):
@@ -201,9 +207,9 @@ def _interpolate(kind, t, bounds, values):
     for b0, b1, v0, v1 in zip(bounds, bounds[1:], values, values[1:]):
         pct = (t - b0) / max(b1 - b0, 1)
         if kind == "linear":
-            value = v0 + (v1 - v0) * pct
+            value = _lerp(v0, v1, pct)
         else:
-            value = v1 + (v0 - v1) / 2 * (jnp.cos(jnp.pi * pct) + 1)
+            value = _lerp(v1, v0, (jnp.cos(jnp.pi * pct) + 1) / 2)
         out = jnp.where((b0 <= t) & (t < b1), value, out)
     return out
 

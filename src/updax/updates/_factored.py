@@ -233,7 +233,9 @@ def scale_by_param_block_rms(min_scale: ScalarOrSchedule = 1e-3) -> Update:
 def _apply_clip_by_block_rms(updates, params, *, threshold):
     def leaf(g):
         g32 = g.astype(_tree.compute_dtype(g.dtype))
-        return (g32 / jnp.maximum(1.0, _rms(g32) / threshold)).astype(g.dtype)
+        rms = _rms(g32)
+        # max(1, rms / threshold), without 0/0 for a zero update at a threshold (a schedule's) of 0.
+        return (g32 / jnp.where(rms > threshold, rms / threshold, 1.0)).astype(g.dtype)
 
     return jax.tree.map(leaf, updates)
 
