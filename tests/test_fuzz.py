@@ -1028,3 +1028,18 @@ def test_the_long_runs_two_schedule_findings_are_finite():
     clip = ux.clip_by_block_rms(ux.schedules.constant(0.0))
     out, _ = clip.update({"z": jnp.zeros(3), "g": jnp.ones(3)}, clip.init(None))
     assert np.all(out["z"] == 0) and np.all(out["g"] == 0)
+
+
+def test_ema_takes_a_complex_init_for_complex_values_and_refuses_it_for_real_ones():
+    """Found by the long run: ema(init=<a 0-d complex array>), a params-shaped init for one complex scalar, was
+    refused as 'must be a real scalar'. A complex init is now taken for complex values, and refused by name for
+    real ones (where the imaginary part would be dropped)."""
+    g = jnp.asarray(1 + 2j, jnp.complex64)
+    for init in (jnp.asarray(0.5j, jnp.complex64), 0.5j):
+        opt = ux.ema(0.5, debias=False, init=init)
+        out, _ = opt.update(g, opt.init(g))
+        np.testing.assert_allclose(out, 0.5 * 0.5j + 0.5 * (1 + 2j))  # keep·init + (1 - keep)·g
+    with pytest.raises(TypeError, match="ema: init is complex but the values\\['w'\\] are real"):
+        ux.ema(0.5, init=1j).init({"w": jnp.ones(2)})
+    with pytest.raises(ValueError, match="init must be finite"):
+        ux.ema(0.5, init=complex("nan"))

@@ -169,10 +169,19 @@ def filled(call: str, like: Any, init: Any, dtype: Any) -> Any:
     """Accumulators shaped like ``like`` holding ``init`` (a number, or a tree shaped like ``like``).
 
     Always fresh buffers, never ``init``'s own: a state sharing a buffer with the params cannot be donated.
+    A complex ``init`` (or leaf of it) is for complex values only: a real one would drop its imaginary part.
     """
-    if _tree.is_scalar(init):
+    number = _tree.is_scalar(init) or isinstance(init, complex)
+    if not number:
+        _tree.check_same_structure(call, like, init, "the values", "init")
+    leaves = jax.tree_util.tree_flatten_with_path(like)[0]
+    for (path, p), i in zip(leaves, [init] * len(leaves) if number else jax.tree.leaves(init)):
+        if jnp.iscomplexobj(i) and not jnp.iscomplexobj(p):
+            raise TypeError(f"{call}: init{'' if number else jax.tree_util.keystr(path)} is complex but the values"
+                            f"{jax.tree_util.keystr(path)} are real ({jnp.result_type(p)}): the imaginary part "
+                            "would be dropped")
+    if number:
         return _tree.accumulators(like, dtype, init)
-    _tree.check_same_structure(call, like, init, "the values", "init")
     return jax.tree.map(lambda p, i: _tree.place_like(jnp.array(jnp.broadcast_to(i, jnp.shape(p)), copy=True,
                                                                 dtype=dtype or _tree.compute_dtype(p.dtype)), p),
                         like, init)
