@@ -80,7 +80,7 @@ def zero1_shardings(tree: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data")
             raise ValueError(f"{call}: axis {name!r} is not an axis of the mesh, whose axes are {mesh.axis_names}")
     size = _axis_size(mesh, axis)
 
-    def place(path: Any, x: Any) -> NamedSharding:
+    def place(x: Any) -> NamedSharding:
         shape = tuple(getattr(x, "shape", ()))
         sharding = getattr(x, "sharding", None)
         spec: tuple = (None,) * len(shape)
@@ -93,4 +93,4 @@ def zero1_shardings(tree: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data")
                 spec = spec[:best] + (axis,) + spec[best + 1:]
         return NamedSharding(mesh, PartitionSpec(*spec))
 
-    return jax.tree_util.tree_map_with_path(place, tree)
+    return jax.tree.map(place, tree)

@@ -111,13 +111,13 @@ def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, dec
         (``num_updates`` warm-up); optax.ema.
     """
     call = "ema"
-    if not (_tree.is_scalar(init) or isinstance(init, complex) or jax.tree.leaves(init)):
+    number = _tree.is_scalar(init) or isinstance(init, complex)
+    if not (number or jax.tree.leaves(init)):
         check.fail(call, "init", init, "must be a number or a tree of arrays", TypeError)
-    if _tree.is_scalar(init) and not jnp.iscomplexobj(init):
+    if number and not jnp.iscomplexobj(init):
         init = check.number(call, "init", init)
-    elif _tree.is_scalar(init) or isinstance(init, complex):  # a complex number, for complex values
-        if not np.isfinite(complex(init)):
-            check.fail(call, "init", init, "must be finite", ValueError)
+    elif number and not np.isfinite(complex(init)):  # a complex number, for complex values (checked at init)
+        check.fail(call, "init", init, "must be finite", ValueError)
     options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0), debias=check.flag(call, "debias", debias),
                    init=init, decay_min=check.flag(call, "decay_min", decay_min),
                    keep_previous=check.flag(call, "keep_previous", keep_previous),
