@@ -81,11 +81,14 @@ ENTRIES = {
                                               nesterov=True),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
+    "zero_nans": lambda: ux.zero_nans(),
+    "keep_params_nonnegative": lambda: ux.keep_params_nonnegative(),
+    "snapshot": lambda: ux.scale(-0.5).snapshot(),
 }
 
 #: Entries whose ``update`` needs ``params``.
 NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free",
-                "scale_by_param_block_rms", "ema_params", "swa"}
+                "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",

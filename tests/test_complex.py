@@ -207,10 +207,11 @@ def test_a_real_accumulator_for_complex_params_is_refused_by_name():
 # --------------------------------------------------------------------------
 # The registry: every entry supports complex updates or refuses them by name
 
-#: Entries whose rule needs an order or a sign (clip, sign, lion, rprop), or is not written for complex
-#: numbers yet (Adafactor's factored statistics, SM3's cover maxima, Newton–Schulz's real transpose).
+#: Entries whose rule needs an order or a sign (clip, sign, lion, rprop, keeping params non-negative), or is not
+#: written for complex numbers yet (Adafactor's factored statistics, SM3's cover maxima, Newton–Schulz's real
+#: transpose).
 REJECTED = {"clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
-            "scale_by_newton_schulz", "scale_by_muon"}
+            "scale_by_newton_schulz", "scale_by_muon", "keep_params_nonnegative"}
 
 SUPPORTED = {
     "scale", "scale_by_state", "scale_by_schedule", "scale_by_learning_rate", "reduce_on_plateau",
@@ -219,7 +220,7 @@ SUPPORTED = {
     "scale_by_trust_ratio", "scale_by_novograd", "scale_by_param_block_rms", "clip_by_block_rms", "scale_by_shape",
     "trace", "trace_nesterov", "clip_by_global_norm", "centralize", "add_decayed_weights", "add_noise",
     "accumulate_gradients", "apply_if_finite", "ema", "sma", "weighted_moving_average", "ema_params", "swa",
-    "schedule_free", "freeze", "masked", "partition",
+    "schedule_free", "freeze", "masked", "partition", "zero_nans", "snapshot",
 }
 
 

@@ -262,7 +262,7 @@ def test_state_path_errors_are_clear():
     state = opt.init({"w": jnp.zeros(1)})
     with pytest.raises(KeyError, match=r"no stage named 'trace' .*stages: \['scale_by_adam', 'scale'\]"):
         opt.get_state(state, "trace")
-    with pytest.raises(KeyError, match=r"has no field 'sigma' \(fields: \['mu', 'nu', 'count'\]; options: \['b1', 'b2', 'eps', 'eps_root', 'mu_dtype', 'nu_dtype'\]\)"):
+    with pytest.raises(KeyError, match=r"has no field 'sigma' \(fields: \['mu', 'nu', 'count'\]; options: \['b1', 'b2', 'eps', 'eps_root', 'nesterov', 'mu_dtype', 'nu_dtype'\]\)"):
         opt.get_state(state, "scale_by_adam.sigma")
     with pytest.raises(KeyError, match="scale_by_adam wraps no pipeline"):
         opt.get_state(state, "scale_by_adam/scale")

@@ -67,10 +67,11 @@ def test_documented_defaults_equal_the_signature(module, name):
 
 def test_axon_defaults_are_the_ones_documented_in_the_design():
     sig = {n: {k: v.default for k, v in inspect.signature(getattr(ux, n)).parameters.items()} for n in PUBLIC}
-    assert sig["scale_by_adam"] == dict(b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, mu_dtype=None, nu_dtype=None)
+    assert sig["scale_by_adam"] == dict(b1=0.9, b2=0.999, eps=1e-8, eps_root=1e-15, mu_dtype=None, nu_dtype=None,
+                                        nesterov=False)
     assert sig["clip"] == dict(delta=2.0)
     assert sig["clip_by_global_norm"] == dict(max_norm=1.0)
     assert sig["trace"] == dict(decay=0.9, nesterov=False, accumulator_dtype=None)
-    assert sig["add_decayed_weights"] == dict(decay=0.0)
-    assert sig["scale_by_trust_ratio"] == dict(min_norm=0.0, trust_coefficient=1.0, eps=0.0)
+    assert sig["add_decayed_weights"] == dict(decay=0.0, mask=None)
+    assert sig["scale_by_trust_ratio"] == dict(min_norm=0.0, trust_coefficient=1.0, eps=0.0, mask=None)
     assert {k: sig["add_noise"][k] for k in ("eta", "gamma")} == dict(eta=0.01, gamma=0.55)

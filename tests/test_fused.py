@@ -38,12 +38,22 @@ def tree(rng, dtype=jnp.float32, big=False):
     return out
 
 
+def _matrices(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
 CASES = {
     "lamb": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, min_norm=1e-3),
     "lamb, bf16 moments (ordinary path)": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, mu_dtype=jnp.bfloat16),
     "adam |> trust ratio": lambda: ux.scale_by_adam(b1=0.8, eps_root=1e-12).scale_by_trust_ratio(
         min_norm=0.5, trust_coefficient=0.7, eps=1e-6).scale(-0.1),
     "clip |> lamb": lambda: ux.clip_by_global_norm(0.5).pipe(ux.compose, ux.optimizers.lamb(1e-2, decay=0.1)),
+    # The recomputed update is plain Adam's: a decay mask goes through it, Nesterov and a trust-ratio mask do not.
+    "lamb, decay mask": lambda: ux.optimizers.lamb(1e-2, decay=0.1, mask=_matrices),
+    "nesterov adam |> trust ratio (ordinary path)": lambda: ux.scale_by_adam(nesterov=True).scale_by_trust_ratio(
+    ).scale(-0.1),
+    "adam |> masked trust ratio (ordinary path)": lambda: ux.scale_by_adam().scale_by_trust_ratio(
+        mask=_matrices).scale(-0.1),
 }
 
 

@@ -397,6 +397,12 @@ def _masks(params):
     return st.one_of(functions, _leaf_tree(params, st.booleans()))
 
 
+@_structural("optimizers.lars", "trust_ratio_mask", "a pytree of bools shaped like the params, or a function of the "
+                                                     "params, as any mask")
+def _trust_ratio_masks(params):
+    return _masks(params)
+
+
 @_structural("partition", "labels", "a pytree of labels shaped like the params, or a function of the params")
 def _labels(params):
     template = ENTRIES["partition"]().stages[0].option("labels")
@@ -453,6 +459,16 @@ _NS_COEFFS = [(3.4445, -4.7750, 2.0315), (1.5, -0.5, 0.0), (1.875, -1.25, 0.375)
 @_structural("*", "ns_coeffs", "'the quintic's coefficients (a, b, c)': no range; coefficient sets that converge")
 def _ns_coeffs(params):
     return st.sampled_from(_NS_COEFFS)
+
+
+@_structural("snapshot", "name", "'a Python identifier', the stage's name: the default and another")
+def _snapshot_names(params):
+    return st.sampled_from(["snapshot", "fuzz_snapshot"])
+
+
+@_structural("snapshot", "measure", "'a jittable function of the updates', or None: a copy or their global norm")
+def _snapshot_measures(params):
+    return st.sampled_from([None, ux.global_norm])
 
 
 def _structural_for(target: str, option: str):

@@ -89,3 +89,34 @@ def test_a_mask_for_the_whole_params_applies_inside_another_masked():
     np.testing.assert_allclose(updates["e"], 4.0)  # masked out by the outer mask
     with pytest.raises(ValueError, match=r"masked: mask does not match params: \['x'\] is in mask but not in params"):
         ux.trace().masked({"w": True, "b": True, "e": True, "x": True}).init(params)
+
+
+# A prefix of nested_tree's structure: one entry for the whole "layers" list and for each of "dense"'s leaves.
+_PREFIX_MASK = {"dense": {"w": True, "b": False}, "layers": True, "empty": {}, "nothing": None, "empty_list": [],
+                "scalar": False}
+_PREFIX_LABELS = {"dense": "adam", "layers": "sgd", "empty": {}, "nothing": None, "empty_list": [], "scalar": "adam"}
+
+
+def test_a_prefix_mask_or_prefix_labels_cover_whole_subtrees_as_in_optax():
+    _compare(ux.scale_by_adam().scale(-0.1).masked(_PREFIX_MASK),
+             optax.masked(optax.chain(optax.scale_by_adam(eps_root=1e-15), optax.scale(-0.1)), _PREFIX_MASK))
+    _compare(ux.partition({"adam": ux.scale_by_adam().scale(-0.1), "sgd": ux.trace(0.9).scale(-0.1)}, _PREFIX_LABELS),
+             optax.partition({"adam": optax.chain(optax.scale_by_adam(eps_root=1e-15), optax.scale(-0.1)),
+                              "sgd": optax.chain(optax.trace(0.9), optax.scale(-0.1))}, _PREFIX_LABELS))
+    # The prefix reaches every leaf under it: the masked-out "layers" list keeps its gradient unchanged.
+    opt = ux.scale(0.0).masked({**_PREFIX_MASK, "layers": False})
+    params = nested_tree(seed=0)
+    out, _ = opt.update(params, opt.init(params), params)
+    assert jax.tree.leaves(out["layers"]) == jax.tree.leaves(params["layers"])
+    assert float(jnp.max(jnp.abs(out["dense"]["w"]))) == 0.0
+
+
+def test_a_decay_mask_names_what_is_wrong():
+    with pytest.raises(TypeError, match=r"add_decayed_weights\(mask=.*at \['w'\] it has ArrayImpl"):
+        ux.add_decayed_weights(0.1, mask={"w": jnp.array(True)})
+    with pytest.raises(TypeError, match=r"scale_by_trust_ratio\(mask='w'\): mask must be a pytree of bools"):
+        ux.scale_by_trust_ratio(mask="w")
+    opt = ux.optimizers.lion(0.1, mask={"a": True, "b": {"c": False}})
+    params = {"a": jnp.ones(2), "b": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"add_decayed_weights: mask does not match params"):
+        opt.update(params, opt.init(params), params)

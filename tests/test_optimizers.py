@@ -84,6 +84,17 @@ def _schedule(count):
     return 0.05 * 0.9 ** count
 
 
+def _matrices(params):
+    """A weight-decay mask: the leaves with two axes or more (no decay on biases and scalars)."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+# The same mask as a pytree of bools, and as a prefix of the params (one bool for the whole "layers" list).
+_MATRIX_TREE = _matrices(nested_tree())
+_PREFIX = {"dense": {"w": True, "b": False}, "layers": True, "empty": {}, "nothing": None, "empty_list": [],
+           "scalar": False}
+
+
 PARITY = [
     ("adabelief", lambda: O.adabelief(0.05, b1=0.8, b2=0.99, eps=1e-8, eps_root=1e-14),
      lambda: optax.adabelief(0.05, b1=0.8, b2=0.99, eps=1e-8, eps_root=1e-14)),
@@ -157,6 +168,40 @@ PARITY = [
      lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),
      lambda: optax.contrib.schedule_free(optax.sgd(0.05), 0.05, b1=0.7, weight_lr_power=1.0)),
+    # Nesterov's first moment on the Adam family, and weight-decay masks (a function, a pytree, a prefix).
+    ("adam_nesterov", lambda: O.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True),
+     lambda: optax.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True)),
+    ("adamw_nesterov_masked", lambda: O.adamw(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, decay=0.1,
+                                              nesterov=True, mask=_matrices),
+     lambda: optax.adamw(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, weight_decay=0.1, nesterov=True,
+                         mask=_matrices)),
+    ("radam_nesterov", lambda: O.radam(0.05, b1=0.8, b2=0.9, eps=1e-7, eps_root=0.0, threshold=5.0, nesterov=True),
+     lambda: optax.radam(0.05, b1=0.8, b2=0.9, eps=1e-7, eps_root=0.0, threshold=5.0, nesterov=True)),
+    ("adabelief_nesterov", lambda: O.adabelief(0.05, b1=0.8, b2=0.99, eps=1e-8, eps_root=1e-14, nesterov=True),
+     lambda: optax.adabelief(0.05, b1=0.8, b2=0.99, eps=1e-8, eps_root=1e-14, nesterov=True)),
+    ("adamaxw_masked", lambda: O.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, decay=0.1, mask=_MATRIX_TREE),
+     lambda: optax.adamaxw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.1, mask=_MATRIX_TREE)),
+    ("nadamw_masked", lambda: O.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, decay=0.1, mask=_matrices),
+     lambda: optax.nadamw(0.05, b1=0.8, b2=0.95, eps=1e-7, eps_root=0.0, weight_decay=0.1, mask=_matrices)),
+    ("lamb_masked", lambda: O.lamb(0.05, b1=0.8, b2=0.99, eps=1e-6, eps_root=0.0, decay=0.1, mask=_matrices),
+     lambda: optax.lamb(0.05, b1=0.8, b2=0.99, eps=1e-6, eps_root=0.0, weight_decay=0.1, mask=_matrices)),
+    ("lion_masked_by_a_prefix", lambda: O.lion(0.01, b1=0.8, b2=0.95, decay=0.1, mask=_PREFIX),
+     lambda: optax.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.1, mask=_PREFIX)),
+    ("adan_masked", lambda: O.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, decay=0.1, mask=_matrices),
+     lambda: optax.adan(0.05, b1=0.9, b2=0.5, b3=0.95, eps=1e-7, eps_root=1e-8, weight_decay=0.1, mask=_matrices)),
+    ("lars_masked", lambda: O.lars(0.05, decay=0.1, trust_coefficient=0.01, eps=1e-6, momentum=0.8, mask=_matrices,
+                                   trust_ratio_mask=_PREFIX),
+     lambda: optax.lars(0.05, weight_decay=0.1, trust_coefficient=0.01, eps=1e-6, momentum=0.8,
+                        weight_decay_mask=_matrices, trust_ratio_mask=_PREFIX)),
+    ("adafactor_masked", lambda: O.adafactor(0.05, min_dim_size_to_factor=2, decay=0.1, mask=_matrices),
+     lambda: optax.adafactor(0.05, min_dim_size_to_factor=2, weight_decay_rate=0.1, weight_decay_mask=_matrices)),
+    ("adadelta_masked", lambda: O.adadelta(0.5, rho=0.8, eps=1e-5, decay=0.1, mask=_MATRIX_TREE),
+     lambda: optax.adadelta(0.5, rho=0.8, eps=1e-5, weight_decay=0.1, weight_decay_mask=_MATRIX_TREE)),
+    # optax's mask reaches the matrices' decay only; with adam_decay = 0 the two agree.
+    ("muon_masked", lambda: O.muon(0.02, beta=0.9, eps=1e-7, decay=0.1, mask=lambda p: jax.tree.map(
+        lambda x: x.ndim == 2 and x.shape[0] == 3, p)),
+     lambda: optax.contrib.muon(0.02, beta=0.9, eps=1e-7, weight_decay=0.1, weight_decay_mask=lambda p: jax.tree.map(
+         lambda x: x.ndim == 2 and x.shape[0] == 3, p))),
 ]
 
 

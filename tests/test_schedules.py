@@ -110,9 +110,17 @@ CASES = {
                                         staircase=False, end_value=1.0),
         lambda t: np_exponential(t, 0.5, 1.1, 2, 0, False, 1.0, False)),
     "cosine_decay": (
-        lambda: uxs.cosine_decay(0.2, decay_steps=30, alpha=0.1),
-        lambda: optax.cosine_decay_schedule(0.2, decay_steps=30, alpha=0.1),
+        lambda: uxs.cosine_decay(0.2, decay_steps=30, alpha=0.1, exponent=1.0),
+        lambda: optax.cosine_decay_schedule(0.2, decay_steps=30, alpha=0.1, exponent=1.0),
         lambda t: 0.2 * (0.9 * 0.5 * (1 + np.cos(np.pi * np.minimum(t, 30) / 30)) + 0.1)),
+    "cosine_decay_exponent": (
+        lambda: uxs.cosine_decay(0.2, decay_steps=30, alpha=0.1, exponent=2.5),
+        lambda: optax.cosine_decay_schedule(0.2, decay_steps=30, alpha=0.1, exponent=2.5),
+        lambda t: 0.2 * (0.9 * (0.5 * (1 + np.cos(np.pi * np.minimum(t, 30) / 30))) ** 2.5 + 0.1)),
+    "cosine_decay_exponent_below_1": (
+        lambda: uxs.cosine_decay(0.5, decay_steps=17, alpha=0.0, exponent=0.5),
+        lambda: optax.cosine_decay_schedule(0.5, decay_steps=17, alpha=0.0, exponent=0.5),
+        lambda t: 0.5 * np.sqrt(0.5 * (1 + np.cos(np.pi * np.minimum(t, 17) / 17)))),
     "polynomial_decay": (
         lambda: uxs.polynomial_decay(0.5, end_value=0.05, power=1.5, transition_steps=25, transition_begin=4),
         lambda: optax.polynomial_schedule(0.5, end_value=0.05, power=1.5, transition_steps=25, transition_begin=4),
@@ -121,6 +129,15 @@ CASES = {
         lambda: uxs.polynomial_decay(0.5, end_value=0.1, power=1.0, transition_steps=20, transition_begin=3),
         lambda: optax.linear_schedule(0.5, end_value=0.1, transition_steps=20, transition_begin=3),
         lambda t: 0.5 + (0.1 - 0.5) * np.clip(t - 3, 0, 20) / 20),
+    "linear_schedule": (
+        lambda: uxs.linear_schedule(0.5, 0.05, transition_steps=25, transition_begin=6),
+        lambda: optax.linear_schedule(0.5, 0.05, transition_steps=25, transition_begin=6),
+        lambda t: 0.5 + (0.05 - 0.5) * np.clip(t - 6, 0, 25) / 25),
+    # optax's start is 5e-8 above 1e-3 here: it computes (init - end)·1 + end, which loses init below end's rounding.
+    "linear_schedule_up_from_0": (
+        lambda: uxs.linear_schedule(1e-3, 2.0, transition_steps=12, transition_begin=0),
+        lambda: optax.linear_schedule(1e-3, 2.0, transition_steps=12, transition_begin=0),
+        lambda t: np.where(t < 12, 1e-3 + (2.0 - 1e-3) * t / 12, 2.0)),
     "linear_decay": (
         lambda: uxs.linear_decay(0.4, warmup=0, steps=30),
         lambda: optax.linear_schedule(0.4, end_value=0.0, transition_steps=30),
@@ -154,6 +171,16 @@ CASES = {
         lambda: uxs.cosine_onecycle(30, 0.8, pct_start=0.25, div_factor=8.0, final_div_factor=100.0),
         lambda: optax.cosine_onecycle_schedule(30, 0.8, pct_start=0.25, div_factor=8.0, final_div_factor=100.0),
         lambda t: np_cosine_interp(t, [0, 7, 30], [0.1, 0.8, 0.001])),
+    "warmup_constant": (
+        lambda: uxs.warmup_constant(0.05, 0.6, warmup_steps=7),
+        lambda: optax.warmup_constant_schedule(0.05, 0.6, warmup_steps=7),
+        lambda t: np.where(t < 7, 0.05 + (0.6 - 0.05) * t / 7, 0.6)),
+    # optax holds init_value when warmup_steps=0 (its linear ramp of 0 steps is a constant); updax starts at the
+    # peak, as its other warmup schedules (and optax's warmup_cosine_decay_schedule) do.
+    "warmup_constant_no_warmup": (
+        lambda: uxs.warmup_constant(0.05, 0.6, warmup_steps=0),
+        lambda: optax.constant_schedule(0.6),
+        lambda t: np.full_like(t, 0.6)),
     "warmup_cosine_decay": (
         lambda: uxs.warmup_cosine_decay(0.05, 1.0, warmup_steps=5, decay_steps=25, end_value=0.1, exponent=2.0),
         lambda: optax.warmup_cosine_decay_schedule(0.05, 1.0, warmup_steps=5, decay_steps=25, end_value=0.1,
@@ -218,11 +245,11 @@ def test_cases_cover_every_schedule():
 @pytest.mark.parametrize("name", NAMES)
 def test_matches_the_closed_form_and_optax(name):
     _, make_optax, closed_form = CASES[name]
-    values = _values(name)[0]
-    np.testing.assert_allclose(values, closed_form(T), rtol=RTOL, atol=ATOL)
     with jax.numpy_dtype_promotion("standard"):  # optax relies on implicit promotion
         reference = np.asarray(jax.jit(jax.vmap(make_optax()))(jnp.arange(N + 1, dtype=jnp.int32)), dtype=np.float64)
-    np.testing.assert_allclose(values, reference, rtol=RTOL, atol=ATOL)
+    for values in _values(name):  # eager, then jitted
+        np.testing.assert_allclose(values, closed_form(T), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(values, reference, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -254,7 +281,10 @@ NUMERIC_VARIANTS = {
     "constant": lambda: uxs.constant(0.7),
     "exponential_decay": lambda: uxs.exponential_decay(0.4, decay_rate=0.9, transition_steps=4, transition_begin=1,
                                                        staircase=False, end_value=None),
-    "cosine_decay": lambda: uxs.cosine_decay(0.3, decay_steps=20, alpha=0.0),
+    "cosine_decay": lambda: uxs.cosine_decay(0.3, decay_steps=20, alpha=0.0, exponent=1.0),
+    "cosine_decay_exponent": lambda: uxs.cosine_decay(0.2, decay_steps=30, alpha=0.1, exponent=1.5),
+    "linear_schedule": lambda: uxs.linear_schedule(0.2, 0.9, transition_steps=5, transition_begin=1),
+    "warmup_constant": lambda: uxs.warmup_constant(0.1, 0.3, warmup_steps=3),
     "polynomial_decay": lambda: uxs.polynomial_decay(0.6, end_value=0.0, power=2.0, transition_steps=5,
                                                      transition_begin=0),
     "linear_decay_warmup": lambda: uxs.linear_decay(1.0, warmup=2, steps=9),
@@ -306,14 +336,14 @@ def test_changing_structure_retraces():
 
 
 def test_leaves_are_the_numeric_options():
-    assert jax.tree.leaves(uxs.cosine_decay(0.1, decay_steps=10, alpha=0.0)) == [0.1, 10, 0.0]
+    assert jax.tree.leaves(uxs.cosine_decay(0.1, decay_steps=10, alpha=0.0)) == [0.1, 10, 0.0, 1.0]
     assert jax.tree.leaves(uxs.exponential_decay(0.1, staircase=True)) == [0.1, 0.95, 10, 0]
     assert jax.tree.leaves(uxs.piecewise_constant(0.1, {8: 2.0, 4: 1.0})) == [0.1, 1.0, 2.0]
     assert jax.tree.leaves(uxs.linear_onecycle(10, 1.0)) == [1.0, 25.0, 1e4]
     joined = uxs.join_schedules([uxs.constant(0.1), uxs.constant(0.2), _plain_halving], [3, 5])
     assert jax.tree.leaves(joined) == [0.1, 0.2, 3, 5]
     doubled = jax.tree.map(lambda x: 2 * x, uxs.cosine_decay(0.1, decay_steps=10, alpha=0.0))
-    assert doubled == uxs.cosine_decay(0.2, decay_steps=20, alpha=0.0)
+    assert doubled == uxs.cosine_decay(0.2, decay_steps=20, alpha=0.0, exponent=2.0)
 
 
 def test_a_schedule_as_a_stage_option_is_data_for_a_jitted_step():
@@ -334,7 +364,7 @@ def test_a_schedule_as_a_stage_option_is_data_for_a_jitted_step():
         outs.append(float(updates["w"][0]))
     assert len(traces) == 1
     assert outs == pytest.approx([-0.1 * 0.5, -0.2 * 0.5])  # count 2 of 4: ½(1 + cos(π/2))
-    assert repr(opt) == "scale(step_size=cosine_decay(init_value=-0.2, decay_steps=4, alpha=0.0))"
+    assert repr(opt) == "scale(step_size=cosine_decay(init_value=-0.2, decay_steps=4, alpha=0.0, exponent=1.0))"
 
 
 # --------------------------------------------------------------------------
@@ -342,7 +372,11 @@ def test_a_schedule_as_a_stage_option_is_data_for_a_jitted_step():
 
 
 def test_repr_is_the_call():
-    assert repr(uxs.cosine_decay(0.01, decay_steps=1000)) == "cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0)"
+    assert repr(uxs.cosine_decay(0.01, decay_steps=1000)) == (
+        "cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0, exponent=1.0)")
+    assert repr(uxs.linear_schedule(1, 0, 10)) == (
+        "linear_schedule(init_value=1.0, end_value=0.0, transition_steps=10, transition_begin=0)")
+    assert repr(uxs.warmup_constant(0, 1e-3, 100)) == "warmup_constant(init_value=0.0, peak_value=0.001, warmup_steps=100)"
     assert repr(uxs.piecewise_constant(0.1, {8: 2.0, 4: 1})) == (
         "piecewise_constant(init_value=0.1, boundaries_and_values={4: 1.0, 8: 2.0})")
     assert repr(uxs.exponential_decay(1)) == (
@@ -370,6 +404,7 @@ def test_equal_hashable_picklable_immutable(name):
 
 def test_unequal_when_an_option_or_the_kind_differs():
     assert uxs.cosine_decay(0.1, decay_steps=10) != uxs.cosine_decay(0.1, decay_steps=11)
+    assert uxs.cosine_decay(0.1) != uxs.cosine_decay(0.1, exponent=2.0)
     assert uxs.exponential_decay(0.1) != uxs.exponential_decay(0.1, staircase=True)
     assert uxs.piecewise_constant(0.1, {4: 1.0}) != uxs.piecewise_constant(0.1, {5: 1.0})
     assert uxs.piecewise_interpolate("linear", 1.0) != uxs.piecewise_interpolate("cosine", 1.0)
@@ -385,6 +420,21 @@ BAD = [
      "cosine_decay(decay_steps=0): decay_steps must be a positive integer"),
     (lambda: uxs.cosine_decay(0.1, decay_steps=2.5), TypeError, "cosine_decay(decay_steps=2.5)"),
     (lambda: uxs.cosine_decay(0.1, alpha=1.5), ValueError, "cosine_decay(alpha=1.5): alpha must be in [0, 1]"),
+    (lambda: uxs.cosine_decay(0.1, exponent=0.0), ValueError,
+     "cosine_decay(exponent=0.0): exponent must be in (0, inf)"),
+    (lambda: uxs.cosine_decay(0.1, exponent="2"), TypeError, "cosine_decay(exponent='2'): exponent must be a real"),
+    (lambda: uxs.warmup_constant(0.0, 1.0, -1), ValueError,
+     "warmup_constant(warmup_steps=-1): warmup_steps must be a non-negative integer"),
+    (lambda: uxs.warmup_constant(0.0, 1.0, 2.0), TypeError, "warmup_constant(warmup_steps=2.0)"),
+    (lambda: uxs.warmup_constant(0.0, None, 3), TypeError,
+     "warmup_constant(peak_value=None): peak_value must be a real number"),
+    (lambda: uxs.warmup_constant(float("nan"), 1.0, 3), ValueError, "warmup_constant(init_value=nan)"),
+    (lambda: uxs.linear_schedule(1.0, 0.0, 0), ValueError,
+     "linear_schedule(transition_steps=0): transition_steps must be a positive integer"),
+    (lambda: uxs.linear_schedule(1.0, 0.0, 5, transition_begin=-2), ValueError,
+     "linear_schedule(transition_begin=-2): transition_begin must be a non-negative integer"),
+    (lambda: uxs.linear_schedule(1.0, "a", 5), TypeError, "linear_schedule(end_value='a'): end_value must be a real"),
+    (lambda: uxs.linear_schedule(True, 0.0, 5), TypeError, "linear_schedule(init_value=True)"),
     (lambda: uxs.constant(None), TypeError, "constant(init_value=None): init_value must be a real number"),
     (lambda: uxs.constant(True), TypeError, "constant(init_value=True)"),
     (lambda: uxs.exponential_decay(0.1, decay_rate=0.0), ValueError, "exponential_decay(decay_rate=0.0)"),
@@ -447,7 +497,7 @@ def test_polaris_names_and_defaults():
     assert defaults(uxs.constant) == dict(init_value=empty)
     assert defaults(uxs.exponential_decay) == dict(init_value=empty, decay_rate=0.95, transition_steps=10,
                                                    transition_begin=0, staircase=False, end_value=None)
-    assert defaults(uxs.cosine_decay) == dict(init_value=empty, decay_steps=10, alpha=0.0)
+    assert defaults(uxs.cosine_decay) == dict(init_value=empty, decay_steps=10, alpha=0.0, exponent=1.0)
     assert defaults(uxs.polynomial_decay) == dict(init_value=empty, end_value=1e-3, power=2, transition_steps=10,
                                                   transition_begin=0)
     assert defaults(uxs.linear_decay) == dict(init_value=empty, warmup=0, steps=1000)
@@ -467,9 +517,30 @@ def test_a_schedule_keeps_a_copy_of_a_numpy_option():
      1.0),
     (uxs.polynomial_decay(3.0, end_value=1e-30, power=2.0, transition_steps=3), 3.0, 1e-30),
     (uxs.warmup_cosine_decay(1e-30, peak_value=4.0, warmup_steps=2, decay_steps=6, end_value=0.0), 1e-30, 0.0),
+    (uxs.cosine_decay(1e-30, decay_steps=3, alpha=0.0, exponent=2.5), 1e-30, 0.0),
+    (uxs.linear_schedule(5.960464477539063e-08, 2.0, 2), 5.960464477539063e-08, 2.0),
+    (uxs.linear_schedule(3.0, 1e-30, 3), 3.0, 1e-30),
+    (uxs.warmup_constant(1e-30, 4.0, 2), 1e-30, 4.0),
+    (uxs.warmup_constant(4.0, 1e-30, 3), 4.0, 1e-30),
 ])
 def test_interpolating_schedules_are_exact_at_both_ends(schedule, at_start, at_end):
     """A value far below the other end's rounding is kept: (a - b) + b would give 0 (found by the long fuzz:
     a polynomial eps schedule from 6e-8 to 2 started at eps = 0, and adadelta divided 0 by 0)."""
     assert float(schedule(0)) == np.float32(at_start)
     assert float(schedule(1000)) == np.float32(at_end)
+
+
+@pytest.mark.parametrize("schedule, exact", [
+    (uxs.linear_schedule(0.1, 0.7, transition_steps=3, transition_begin=5), {0: 0.1, 5: 0.1, 8: 0.7, 1000: 0.7}),
+    (uxs.linear_schedule(0.7, 0.1, transition_steps=1, transition_begin=0), {0: 0.7, 1: 0.1, 1000: 0.1}),
+    (uxs.warmup_constant(0.1, 0.7, warmup_steps=3), {0: 0.1, 3: 0.7, 1000: 0.7}),
+    (uxs.warmup_constant(0.1, 0.7, warmup_steps=0), {0: 0.7, 1000: 0.7}),
+    (uxs.cosine_decay(0.1, decay_steps=3, alpha=0.25, exponent=2.5),
+     {3: np.float32(0.1) * np.float32(0.25), 1000: np.float32(0.1) * np.float32(0.25)}),
+], ids=["linear_schedule", "linear_schedule_1_step", "warmup_constant", "warmup_constant_0_steps", "cosine_decay"])
+def test_ramps_are_exact_where_they_begin_and_end(schedule, exact):
+    """The value is the given number exactly at the start and the end of a ramp, eager and jitted."""
+    jitted = jax.jit(lambda s, c: s(c))
+    for count, value in exact.items():
+        assert schedule(count) == np.float32(value), count
+        assert jitted(schedule, jnp.int32(count)) == np.float32(value), count

@@ -39,11 +39,13 @@ __all__ = [
     "join_schedules",
     "linear_decay",
     "linear_onecycle",
+    "linear_schedule",
     "piecewise_constant",
     "piecewise_interpolate",
     "polynomial_decay",
     "relative_step",
     "sgdr",
+    "warmup_constant",
     "warmup_cosine_decay",
     "warmup_exponential_decay",
 ]
@@ -318,7 +320,8 @@ class cosine_decay(Schedule):
 
     Formula, with ``k = decay_steps``::
 
-        η(t) = init_value · ((1 - alpha) · ½(1 + cos(π·min(t, k)/k)) + alpha)
+        η(t) = init_value · ((1 - alpha) · c^exponent + alpha)
+        c = ½(1 + cos(π·min(t, k)/k))
 
     Args:
         init_value: the value at step 0, any real number. No default.
@@ -326,6 +329,8 @@ class cosine_decay(Schedule):
             stays at ``alpha · init_value`` after. Default: ``10``.
         alpha: the final value as a fraction of ``init_value``, in [0, 1].
             Default: ``0.0``.
+        exponent: the power of the cosine factor, > 0 (not in Polaris;
+            optax's option). Default: ``1.0``.
 
     Returns:
         A schedule ``count -> value`` (float32).
@@ -334,28 +339,34 @@ class cosine_decay(Schedule):
         >>> import updax.schedules as uxs
         >>> sched = uxs.cosine_decay(0.01, decay_steps=1000)
         >>> sched
-        cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0)
+        cosine_decay(init_value=0.01, decay_steps=1000, alpha=0.0, exponent=1.0)
         >>> sched(500)  # halfway: half the initial value
         Array(0.005, dtype=float32)
+        >>> uxs.cosine_decay(0.01, decay_steps=1000, exponent=2.0)(500)  # (½)²
+        Array(0.0025, dtype=float32)
 
     References:
-        Polaris.Schedules.cosine_decay. Loshchilov & Hutter, "SGDR: Stochastic
-        Gradient Descent with Warm Restarts", ICLR 2017.
-        https://arxiv.org/abs/1608.03983
+        Polaris.Schedules.cosine_decay; optax.cosine_decay_schedule for
+        ``exponent``. Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent
+        with Warm Restarts", ICLR 2017. https://arxiv.org/abs/1608.03983
     """
 
     init_value: Scalar
     decay_steps: int
     alpha: Scalar
+    exponent: Scalar
 
-    def __init__(self, init_value: Scalar, *, decay_steps: int = 10, alpha: Scalar = 0.0) -> None:
+    def __init__(self, init_value: Scalar, *, decay_steps: int = 10, alpha: Scalar = 0.0,
+                 exponent: Scalar = 1.0) -> None:
         call = "cosine_decay"
         self._set(init_value=check.number(call, "init_value", init_value),
                   decay_steps=check.positive_int(call, "decay_steps", decay_steps),
-                  alpha=check.number(call, "alpha", alpha, 0.0, 1.0))
+                  alpha=check.number(call, "alpha", alpha, 0.0, 1.0),
+                  exponent=check.number(call, "exponent", exponent, 0.0, lo_open=True))
 
     def __call__(self, count: ArrayLike) -> jax.Array:
-        return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha))
+        return _cosine(_real(count), _real(self.init_value), _real(self.decay_steps), _real(self.alpha),
+                       _real(self.exponent))
 
 
 class polynomial_decay(Schedule):
@@ -418,9 +429,8 @@ class linear_decay(Schedule):
         η(t) = init_value · max(0, (steps - t) / max(steps - warmup, 1))  otherwise
 
     With ``warmup=0`` this is a linear decay from ``init_value`` to 0 over
-    ``steps`` steps, optax's ``linear_schedule(init_value, 0.0, steps)``. For a
-    linear decay to another end value, use
-    ``polynomial_decay(init_value, end_value=..., power=1.0, ...)``.
+    ``steps`` steps, ``linear_schedule(init_value, 0.0, steps)``. For a
+    linear ramp to another end value, use :class:`linear_schedule`.
 
     Args:
         init_value: the peak value, reached at step ``warmup``, any real
@@ -459,6 +469,59 @@ class linear_decay(Schedule):
         up = t / jnp.maximum(warmup, 1)
         down = jnp.maximum(0, (steps - t) / jnp.maximum(steps - warmup, 1))
         return _real(self.init_value) * jnp.where(t < warmup, up, down)
+
+
+class linear_schedule(Schedule):
+    """Linear ramp from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
+
+    Formula, with ``s = clip(t - transition_begin, 0, transition_steps)``::
+
+        η(t) = init_value · (1 - s/transition_steps) + end_value · s/transition_steps
+
+    so ``init_value`` up to ``transition_begin`` and ``end_value`` from
+    ``transition_begin + transition_steps`` on, each exactly. This is
+    ``polynomial_decay`` with ``power=1.0``.
+
+    Args:
+        init_value: the value up to ``transition_begin``, any real number.
+            No default.
+        end_value: the value from ``transition_begin + transition_steps`` on,
+            any real number. No default.
+        transition_steps: the steps the ramp lasts, a positive integer.
+            No default.
+        transition_begin: the step the ramp begins at, a non-negative
+            integer. Default: ``0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.linear_schedule(1.0, 0.2, transition_steps=4, transition_begin=1)
+        >>> [round(float(sched(t)), 4) for t in range(7)]
+        [1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2]
+
+    References:
+        optax.linear_schedule.
+    """
+
+    init_value: Scalar
+    end_value: Scalar
+    transition_steps: int
+    transition_begin: int
+
+    def __init__(self, init_value: Scalar, end_value: Scalar, transition_steps: int,
+                 transition_begin: int = 0) -> None:
+        call = "linear_schedule"
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  end_value=check.number(call, "end_value", end_value),
+                  transition_steps=check.positive_int(call, "transition_steps", transition_steps),
+                  transition_begin=check.integer(call, "transition_begin", transition_begin, 0))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        steps = _real(self.transition_steps)
+        done = jnp.clip(_real(count) - _real(self.transition_begin), 0, steps) / steps
+        return _lerp(_real(self.init_value), _real(self.end_value), done)
 
 
 # --------------------------------------------------------------------------
@@ -691,6 +754,53 @@ class cosine_onecycle(Schedule):
 
 # --------------------------------------------------------------------------
 # Warmup, restarts and joins
+
+
+class warmup_constant(Schedule):
+    """Linear warmup from ``init_value`` to ``peak_value``, then constant at ``peak_value``.
+
+    Formula, with ``w = warmup_steps``::
+
+        η(t) = init_value · (1 - t/w) + peak_value · t/w    if t < w
+        η(t) = peak_value                                   otherwise
+
+    (``peak_value`` from step 0 when ``warmup_steps = 0``, as in the other
+    warmup schedules; optax holds ``init_value`` then).
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        peak_value: the value from the end of the warmup on, any real number.
+            No default.
+        warmup_steps: the warmup steps, a non-negative integer. No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.warmup_constant(0.0, 1.0, warmup_steps=4)
+        >>> [round(float(sched(t)), 4) for t in range(7)]
+        [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+    References:
+        optax.warmup_constant_schedule. Goyal et al., "Accurate, Large
+        Minibatch SGD: Training ImageNet in 1 Hour", 2017.
+        https://arxiv.org/abs/1706.02677
+    """
+
+    init_value: Scalar
+    peak_value: Scalar
+    warmup_steps: int
+
+    def __init__(self, init_value: Scalar, peak_value: Scalar, warmup_steps: int) -> None:
+        call = "warmup_constant"
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  peak_value=check.number(call, "peak_value", peak_value),
+                  warmup_steps=check.integer(call, "warmup_steps", warmup_steps, 0))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        t, peak, warmup = _real(count), _real(self.peak_value), _real(self.warmup_steps)
+        return jnp.where(t < warmup, _warmup(t, _real(self.init_value), peak, warmup), peak)
 
 
 class warmup_cosine_decay(Schedule):

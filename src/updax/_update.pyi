@@ -82,7 +82,11 @@ class Update:
     ) -> Update:
         """Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates. See
         :func:`updax.accumulate_gradients`."""
-    def add_decayed_weights(self, decay: ScalarOrSchedule = 0.0) -> Update:
+    def add_decayed_weights(
+        self,
+        decay: ScalarOrSchedule = 0.0,
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+    ) -> Update:
         """Adds ``decay`` times the parameters to the updates (decoupled weight decay). See
         :func:`updax.add_decayed_weights`."""
     def add_noise(
@@ -131,6 +135,9 @@ class Update:
         :func:`updax.freeze`."""
     def identity(self) -> Update:
         """The empty pipeline: updates pass through unchanged. See :func:`updax.identity`."""
+    def keep_params_nonnegative(self) -> Update:
+        """Changes the updates so that the params they produce are non-negative. See
+        :func:`updax.keep_params_nonnegative`."""
     def masked(self, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Runs the pipeline before it on the masked-in leaves only; the others pass through unchanged. See
         :func:`updax.masked`."""
@@ -168,6 +175,7 @@ class Update:
         *,
         mu_dtype: DType = None,
         nu_dtype: DType = None,
+        nesterov: bool = False,
     ) -> Update:
         """Scales updates by Adam's bias-corrected moment ratio. See :func:`updax.scale_by_adam`."""
     def scale_by_adamax(
@@ -215,6 +223,7 @@ class Update:
         *,
         mu_dtype: DType = None,
         nu_dtype: DType = None,
+        nesterov: bool = False,
     ) -> Update:
         """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief. See
         :func:`updax.scale_by_belief`."""
@@ -299,6 +308,7 @@ class Update:
         *,
         mu_dtype: DType = None,
         nu_dtype: DType = None,
+        nesterov: bool = False,
     ) -> Update:
         """Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before. See
         :func:`updax.scale_by_radam`."""
@@ -367,6 +377,7 @@ class Update:
         min_norm: ScalarOrSchedule = 0.0,
         trust_coefficient: ScalarOrSchedule = 1.0,
         eps: ScalarOrSchedule = 0.0,
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB). See
         :func:`updax.scale_by_trust_ratio`."""
@@ -395,6 +406,9 @@ class Update:
         :func:`updax.schedule_free`."""
     def sma(self, window: int, *, accumulator_dtype: DType = None) -> Update:
         """Simple moving average: the mean of the last ``window`` values. See :func:`updax.sma`."""
+    def snapshot(self, name: str = 'snapshot', measure: Callable[[PyTree], PyTree] | None = None) -> Update:
+        """Keeps a copy of the updates at this point of the pipeline in its state; the updates pass unchanged.
+        See :func:`updax.snapshot`."""
     def stateful(
         self,
         init_fn: Callable[..., Any],
@@ -433,3 +447,6 @@ class Update:
     def weighted_moving_average(self, decay: ScalarOrSchedule, *, accumulator_dtype: DType = None) -> Update:
         """Weighted exponential moving average: ``EMA(value·weight) / EMA(weight)``. See
         :func:`updax.weighted_moving_average`."""
+    def zero_nans(self) -> Update:
+        """Replaces the NaN entries of the updates with 0, recording per leaf whether it found one. See
+        :func:`updax.zero_nans`."""

@@ -139,6 +139,18 @@ def function(call: str, name: str, value: Any) -> Any:
     return value
 
 
+def mask(call: str, name: str, value: Any) -> Any:
+    """None, a function of the params, or a pytree whose leaves are bools (Python or NumPy, not arrays: a mask is
+    static, it decides which leaves a stage touches)."""
+    if value is None or (callable(value) and jax.tree.leaves(value) == [value]):
+        return value
+    for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+        if not isinstance(leaf, (bool, np.bool_)):
+            fail(call, name, value, f"must be a pytree of bools or a function of the params returning one; at "
+                 f"{jax.tree_util.keystr(path) or 'the root'} it has {type(leaf).__name__} {leaf!r}", TypeError)
+    return value
+
+
 def float_dtype(call: str, name: str, value: Any) -> str | None:
     """None (the default: at least float32) or a floating dtype, kept as its name."""
     if value is None:

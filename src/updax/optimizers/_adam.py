@@ -3,9 +3,11 @@ and schedule-free AdamW."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from updax import _validate as check
 from updax import schedules
-from updax._typing import DType, ScalarOrSchedule
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import (
     scale_by_adam,
@@ -21,7 +23,7 @@ from updax.updates import (
 
 def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None,
-         nu_dtype: DType = None) -> Update:
+         nu_dtype: DType = None, nesterov: bool = False) -> Update:
     """Adam.
 
     Pipeline: ``scale_by_adam(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
@@ -34,6 +36,8 @@ def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2:
         eps_root: added inside the square root (Axon's default). Default: ``1e-15``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moment. Default: ``None``.
+        nesterov: Nesterov's look-ahead first moment (as optax's
+            ``nesterov=True``). Default: ``False``.
 
     Returns:
         An update object.
@@ -47,13 +51,14 @@ def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2:
         Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
         https://arxiv.org/abs/1412.6980
     """
-    return scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-                         nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
+    return scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                         nesterov=nesterov).scale_by_learning_rate(learning_rate)
 
 
 def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0, *,
-          mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+          mu_dtype: DType = None, nu_dtype: DType = None, nesterov: bool = False, mask: PyTree | Callable[[PyTree],
+          PyTree] | None = None) -> Update:
     """AdamW: Adam with decoupled weight decay.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``.
@@ -68,6 +73,11 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         decay: weight-decay rate. Default: ``0.0``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moment. Default: ``None``.
+        nesterov: Nesterov's look-ahead first moment (as optax's
+            ``nesterov=True``). Default: ``False``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -81,12 +91,13 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
         2019. https://arxiv.org/abs/1711.05101
     """
-    return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
+    return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                          nesterov=nesterov)
+            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
 
 
 def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
-              eps: ScalarOrSchedule = 0.0, eps_root: ScalarOrSchedule = 1e-16) -> Update:
+              eps: ScalarOrSchedule = 0.0, eps_root: ScalarOrSchedule = 1e-16, *, nesterov: bool = False) -> Update:
     """AdaBelief: Adam whose second moment tracks the spread of the gradient around its mean.
 
     Pipeline: ``scale_by_belief(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
@@ -97,6 +108,8 @@ def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9
         b2: belief decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``0.0``.
         eps_root: added to the belief at every step. Default: ``1e-16``.
+        nesterov: Nesterov's look-ahead first moment (as optax's
+            ``nesterov=True``). Default: ``False``.
 
     Returns:
         An update object.
@@ -109,11 +122,13 @@ def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9
     References:
         Zhuang et al., "AdaBelief Optimizer", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
-    return scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root).scale_by_learning_rate(learning_rate)
+    return scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov).scale_by_learning_rate(
+        learning_rate)
 
 
 def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
-          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0) -> Update:
+          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0, *,
+          nesterov: bool = False) -> Update:
     """Rectified Adam.
 
     Pipeline: ``scale_by_radam(b1, b2, eps, eps_root, threshold) |> scale_by_learning_rate(learning_rate)``.
@@ -125,6 +140,8 @@ def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         eps: added to the denominator. Default: ``1e-08``.
         eps_root: added inside the square root. Default: ``0.0``.
         threshold: ``ρt`` from which the rectified step is used. Default: ``5.0``.
+        nesterov: Nesterov's look-ahead first moment (as optax's
+            ``nesterov=True``). Default: ``False``.
 
     Returns:
         An update object.
@@ -138,7 +155,8 @@ def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
         ICLR 2020. https://arxiv.org/abs/1908.03265
     """
-    return scale_by_radam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold).scale_by_learning_rate(
+    return scale_by_radam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
+                          nesterov=nesterov).scale_by_learning_rate(
         learning_rate)
 
 
@@ -230,7 +248,8 @@ def adamax(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
 
 
 def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
-            eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4) -> Update:
+            eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4, *, mask: PyTree | Callable[[PyTree],
+            PyTree] | None = None) -> Update:
     """AdaMax with decoupled weight decay.
 
     Pipeline: ``scale_by_adamax(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -241,6 +260,9 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
         b2: decay of the infinity norm. Default: ``0.999``.
         eps: added inside the maximum. Default: ``1e-08``.
         decay: decoupled weight decay (optax's default). Default: ``0.0001``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -253,7 +275,7 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
     References:
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019.
     """
-    return (scale_by_adamax(b1=b1, b2=b2, eps=eps).add_decayed_weights(decay=decay)
+    return (scale_by_adamax(b1=b1, b2=b2, eps=eps).add_decayed_weights(decay=decay, mask=mask)
             .scale_by_learning_rate(learning_rate))
 
 
@@ -290,7 +312,8 @@ def nadam(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2
 
 def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
            eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 1e-4, *,
-           mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+           mu_dtype: DType = None, nu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
+           PyTree] | None = None) -> Update:
     """NAdamW: NAdam with decoupled weight decay.
 
     Pipeline: ``scale_by_nadam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -304,6 +327,9 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
         decay: decoupled weight decay (optax's default). Default: ``0.0001``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moment. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -317,12 +343,12 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
         Dozat, 2016; Loshchilov & Hutter, 2019.
     """
     return (scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
+            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
 
 
 def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92,
          b3: ScalarOrSchedule = 0.99, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-8,
-         decay: ScalarOrSchedule = 0.0) -> Update:
+         decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Adan: adaptive Nesterov momentum estimated from gradient differences.
 
     Pipeline: ``scale_by_adan(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -335,6 +361,9 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         eps: added to the denominator. Default: ``1e-08``.
         eps_root: added inside the square root (optax's alias default). Default: ``1e-08``.
         decay: decoupled weight decay. Default: ``0.0``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -348,14 +377,14 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for Faster
         Optimizing Deep Models", 2022. https://arxiv.org/abs/2208.06677
     """
-    return (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root).add_decayed_weights(decay=decay)
+    return (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root).add_decayed_weights(decay=decay, mask=mask)
             .scale_by_learning_rate(learning_rate))
 
 
 def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: int | None = None,
                         b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                         decay: ScalarOrSchedule = 0.0, weight_lr_power: ScalarOrSchedule = 2.0, *,
-                        state_dtype: DType = None) -> Update:
+                        state_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Schedule-free AdamW: AdamW without momentum, wrapped in schedule-free averaging.
 
     Pipeline: ``scale_by_adam(b1=0.0, b2, eps, eps_root=0.0) |> add_decayed_weights(decay)
@@ -378,6 +407,9 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
         weight_lr_power: power of the learning rate in the averaging weights.
             Default: ``2.0``.
         state_dtype: storage dtype of the base iterate ``z``. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -398,6 +430,6 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
         check.positive_int(call, "warmup_steps", warmup_steps)
         peak = check.number(call, "learning_rate", learning_rate)
         learning_rate = schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)
-    inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=decay)
+    inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=decay, mask=mask)
              .scale_by_learning_rate(learning_rate))
     return inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)

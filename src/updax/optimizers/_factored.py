@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from updax import _validate as check
 from updax import schedules
-from updax._typing import ScalarOrSchedule
+from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import scale_by_factored_rms, scale_by_sm3
 
@@ -12,7 +14,8 @@ from updax.updates import scale_by_factored_rms, scale_by_sm3
 def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_factor: int = 128,
               decay_rate: ScalarOrSchedule = 0.8, decay_offset: int = 0, multiply_by_parameter_scale: bool = True,
               clipping_threshold: ScalarOrSchedule | None = 1.0, momentum: ScalarOrSchedule | None = None,
-              decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True) -> Update:
+              decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True, *,
+              mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
@@ -37,6 +40,9 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         decay: weight decay, or None. Default: ``None``.
         eps: added to the squared gradient. Default: ``1e-30``.
         factored: factor the second moments at all. Default: ``True``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params`` when
@@ -64,7 +70,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
     if momentum is not None:
         opt = opt.ema(momentum, debias=False)
     if decay is not None:
-        opt = opt.add_decayed_weights(decay=decay)
+        opt = opt.add_decayed_weights(decay=decay, mask=mask)
     return opt.scale(-1.0)
 
 

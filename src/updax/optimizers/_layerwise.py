@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from updax import _validate as check
-from updax._typing import DType, Scalar, ScalarOrSchedule
+from updax._typing import DType, PyTree, Scalar, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd, scale_by_trust_ratio
 
 
 def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0,
-         min_norm: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+         min_norm: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None,
+         mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """LAMB: AdamW rescaled per leaf by the trust ratio.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_trust_ratio(min_norm)
@@ -26,6 +29,9 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         min_norm: floor of the norms in the trust ratio. Default: ``0.0``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moment. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -40,13 +46,14 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
     """
     return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay).scale_by_trust_ratio(min_norm=min_norm)
+            .add_decayed_weights(decay=decay, mask=mask).scale_by_trust_ratio(min_norm=min_norm)
             .scale_by_learning_rate(learning_rate))
 
 
 def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
          trust_coefficient: ScalarOrSchedule = 1e-3, eps: ScalarOrSchedule = 0.0, momentum: ScalarOrSchedule = 0.9,
-         nesterov: bool = False) -> Update:
+         nesterov: bool = False, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+         trust_ratio_mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """LARS: momentum SGD with a per-layer trust ratio.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_trust_ratio(trust_coefficient=…, eps=…)
@@ -59,6 +66,11 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
         eps: added to the update norm. Default: ``0.0``.
         momentum: the momentum decay. Default: ``0.9``.
         nesterov: Nesterov momentum. Default: ``False``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
+        trust_ratio_mask: which leaves the trust ratio scales, in the same
+            forms; None scales every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -72,8 +84,8 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
         You et al., "Large Batch Training of Convolutional Networks", 2017.
         https://arxiv.org/abs/1708.03888
     """
-    return (add_decayed_weights(decay=decay)
-            .scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps)
+    return (add_decayed_weights(decay=decay, mask=mask)
+            .scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps, mask=trust_ratio_mask)
             .scale_by_learning_rate(learning_rate).trace(decay=momentum, nesterov=nesterov))
 
 

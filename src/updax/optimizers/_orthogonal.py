@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
-from updax._typing import DType, ScalarOrSchedule
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import partition, scale_by_adam, scale_by_muon, scale_by_nadam
 
@@ -18,7 +20,8 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
          ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0,
          *, nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
          adam_b2: ScalarOrSchedule = 0.999, adam_eps_root: ScalarOrSchedule = 0.0, adam_decay: ScalarOrSchedule = 0.0,
-         adam_learning_rate: ScalarOrSchedule | None = None) -> Update:
+         adam_learning_rate: ScalarOrSchedule | None = None, mask: PyTree | Callable[[PyTree],
+         PyTree] | None = None) -> Update:
     """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
     Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
@@ -42,6 +45,10 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
         adam_decay: decoupled weight decay of the other leaves. Default: ``0.0``.
         adam_learning_rate: the other leaves' learning rate; None uses
             ``learning_rate``. Default: ``None``.
+        mask: which leaves decay, in both groups (``decay`` for the matrices,
+            ``adam_decay`` for the others): a pytree of bools shaped like the
+            params (or a prefix of it), or a function of the params returning
+            one; None decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -58,8 +65,8 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
     adam_learning_rate = learning_rate if adam_learning_rate is None else adam_learning_rate
     matrices = (scale_by_muon(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov,
                               mu_dtype=mu_dtype)
-                .scale_by_shape().add_decayed_weights(decay=decay).scale_by_learning_rate(learning_rate))
+                .scale_by_shape().add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
     adam_like = scale_by_nadam if nesterov else scale_by_adam
     others = (adam_like(b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root, mu_dtype=mu_dtype)
-              .add_decayed_weights(decay=adam_decay).scale_by_learning_rate(adam_learning_rate))
+              .add_decayed_weights(decay=adam_decay, mask=mask).scale_by_learning_rate(adam_learning_rate))
     return partition({"muon": matrices, "adam": others}, _muon_groups)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from updax import _validate as check
-from updax._typing import ScalarOrSchedule
+from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import add_decayed_weights, scale_by_rms, scale_by_rss, scale_by_stddev
 
@@ -74,7 +76,7 @@ def adagrad(learning_rate: ScalarOrSchedule = 1e-3, initial_accumulator_value: S
 
 
 def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6,
-             decay: ScalarOrSchedule = 0.0) -> Update:
+             decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """AdaDelta: steps sized by the RMS of past steps over the RMS of gradients.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_adadelta(rho, eps) |> scale_by_learning_rate(lr)``.
@@ -85,6 +87,9 @@ def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9,
         rho: decay of both running averages. Default: ``0.9``.
         eps: added inside both roots. Default: ``1e-06``.
         decay: weight decay added to the gradient. Default: ``0.0``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -97,5 +102,5 @@ def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9,
     References:
         Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012. https://arxiv.org/abs/1212.5701
     """
-    return (add_decayed_weights(decay=decay).scale_by_adadelta(rho=rho, eps=eps)
+    return (add_decayed_weights(decay=decay, mask=mask).scale_by_adadelta(rho=rho, eps=eps)
             .scale_by_learning_rate(learning_rate))

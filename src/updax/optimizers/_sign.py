@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from updax._typing import DType, ScalarOrSchedule
+from collections.abc import Callable
+
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import scale_by_lion, scale_by_rprop, scale_by_sign, trace
 
 
 def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99,
-         decay: ScalarOrSchedule = 1e-3, *, mu_dtype: DType = None) -> Update:
+         decay: ScalarOrSchedule = 1e-3, *, mu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
+         PyTree] | None = None) -> Update:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay.
 
     Pipeline: ``scale_by_lion(b1, b2) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -20,6 +23,9 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         b2: momentum decay. Default: ``0.99``.
         decay: decoupled weight decay (optax's default). Default: ``0.001``.
         mu_dtype: storage dtype of the momentum. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -33,7 +39,7 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023.
         https://arxiv.org/abs/2302.06675
     """
-    return (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype).add_decayed_weights(decay=decay)
+    return (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype).add_decayed_weights(decay=decay, mask=mask)
             .scale_by_learning_rate(learning_rate))
 
 

@@ -44,6 +44,7 @@ from updax.updates._step_size import (
     scale_by_schedule,
     scale_by_state,
 )
+from updax.updates._utilities import keep_params_nonnegative, snapshot, zero_nans
 
 __all__ = [
     "accumulate_gradients",
@@ -64,6 +65,7 @@ __all__ = [
     "global_norm",
     "has_updated",
     "identity",
+    "keep_params_nonnegative",
     "masked",
     "partition",
     "reduce_on_plateau",
@@ -99,9 +101,11 @@ __all__ = [
     "skip_large_updates",
     "skip_not_finite",
     "sma",
+    "snapshot",
     "stateful",
     "stateless",
     "swa",
     "trace",
     "weighted_moving_average",
+    "zero_nans",
 ]

@@ -82,24 +82,47 @@ def _adam_like_update(call, leaf, updates, state, count):
 #: The schedulable options of every Adam-like stage.
 _ADAM_SCHEDULABLE = ("b1", "b2", "eps", "eps_root")
 
+
+def _first_moment_estimate(count, b1, c1, nesterov):
+    """``m ↦ m̂`` and whether it needs the gradient: ``m/(1-b1^t)``, or with Nesterov's look-ahead (Dozat 2016, as
+    optax's ``nesterov=True``) ``b1·m/(1-b1^(t+1)) + (1-b1)·g/(1-b1^t)``."""
+    if not nesterov:
+        return lambda m, g: m / c1
+    (c1_next,) = bias_corrections(_tree.safe_increment(count), b1)
+    return lambda m, g: b1 * m / c1_next + (1 - b1) * g / c1
+
+
+def _nesterov_option(call, nesterov):
+    """The validated flag, stored as None when False: an option left at None is not printed, so the pipelines
+    written before the option existed print and compare as they did."""
+    return check.flag(call, "nesterov", nesterov) or None
+
 # --------------------------------------------------------------------------
 # Adam
 
 
-def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root):
+def _apply_scale_by_adam(updates, state, params, *, b1, b2, eps, eps_root, nesterov=None):
+    return _adam_step("scale_by_adam", updates, state, b1, b2, eps, eps_root, nesterov)
+
+
+def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
+    m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
     def leaf(g, m, v):
         m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+        if not nesterov:
+            return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+        return m_hat(m, g) / (safe_sqrt(v / c2 + eps_root) + eps), m, v
 
-    return _adam_like_update("scale_by_adam", leaf, updates, state, count)
+    return _adam_like_update(call, leaf, updates, state, count)
 
 
 @combinator
 def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
-                  eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+                  eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None, nu_dtype: DType = None,
+                  nesterov: bool = False) -> Update:
     """Scales updates by Adam's bias-corrected moment ratio.
 
     Update rule (t counts from 1)::
@@ -116,6 +139,9 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
+            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
+            prints only when True. Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByAdamState(mu, nu, count)``.
@@ -135,7 +161,8 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
         https://arxiv.org/abs/1412.6980
     """
     call = "scale_by_adam"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
+                            nesterov=_nesterov_option(call, nesterov))
     return stateful(_adam_like_init, _apply_scale_by_adam, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
 
 
@@ -143,21 +170,23 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
 # AdaBelief
 
 
-def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root):
+def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root, nesterov=None):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
+    m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
     def leaf(g, m, s):
         m = moment(b1, m, g)
         s = moment(b2, s, abs_sq(g - m)) + eps_root
-        return (m / c1) / (safe_sqrt(s / c2) + eps), m, s
+        return m_hat(m, g) / (safe_sqrt(s / c2) + eps), m, s
 
     return _adam_like_update("scale_by_belief", leaf, updates, state, count)
 
 
 @combinator
 def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 0.0,
-                    eps_root: ScalarOrSchedule = 1e-16, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+                    eps_root: ScalarOrSchedule = 1e-16, *, mu_dtype: DType = None, nu_dtype: DType = None,
+                    nesterov: bool = False) -> Update:
     """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief.
 
     Update rule, as in the paper (Polaris instead uses Adam's ``g²`` for ``s``)::
@@ -173,6 +202,9 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu`` (the belief ``s``). Default: ``None``.
+        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
+            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
+            prints only when True. Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByAdamState(mu, nu, count)``.
@@ -190,7 +222,8 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         in Observed Gradients", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
     call = "scale_by_belief"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
+    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
+                            nesterov=_nesterov_option(call, nesterov))
     return stateful(_adam_like_init, _apply_scale_by_belief, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
 
 
@@ -198,7 +231,7 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
 # RAdam
 
 
-def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, threshold):
+def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, threshold, nesterov=None):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
     t = _tree.float_count(count)
@@ -209,10 +242,11 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
     rectified = (rho >= threshold) & (rho > 4.0)
     ratio = (rho - 4.0) * (rho - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho)
     r = jnp.sqrt(jnp.where(rectified, ratio, 1.0))
+    estimate = _first_moment_estimate(count, b1, c1, nesterov)
 
     def leaf(g, m, v):
         m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        m_hat = m / c1
+        m_hat = estimate(m, g)
         return jnp.where(rectified, r * m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m_hat), m, v
 
     return _adam_like_update("scale_by_radam", leaf, updates, state, count)
@@ -221,7 +255,7 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
 @combinator
 def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                    eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0, *, mu_dtype: DType = None,
-                   nu_dtype: DType = None) -> Update:
+                   nu_dtype: DType = None, nesterov: bool = False) -> Update:
     """Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before.
 
     Update rule, as in the paper (Polaris uses ``b1`` in ``ρ∞``)::
@@ -241,6 +275,9 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``. Default: ``None``.
+        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
+            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
+            prints only when True. Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByAdamState(mu, nu, count)``.
@@ -259,7 +296,8 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
     """
     call = "scale_by_radam"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
-                            threshold=check.real(call, "threshold", threshold))
+                            threshold=check.real(call, "threshold", threshold),
+                            nesterov=_nesterov_option(call, nesterov))
     return stateful(_adam_like_init, _apply_scale_by_radam, name=call, options=options,
                     schedulable=("b1", "b2", "eps", "eps_root", "threshold"))
 
@@ -470,16 +508,7 @@ def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
 
 
 def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
-    count = _tree.safe_increment(state.count)
-    c1, c2 = bias_corrections(count, b1, b2)
-    (c1_next,) = bias_corrections(_tree.safe_increment(count), b1)
-
-    def leaf(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        m_hat = b1 * m / c1_next + (1 - b1) * g / c1
-        return m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m, v
-
-    return _adam_like_update("scale_by_nadam", leaf, updates, state, count)
+    return _adam_step("scale_by_nadam", updates, state, b1, b2, eps, eps_root, nesterov=True)
 
 
 @combinator

@@ -61,9 +61,11 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
 
     narrowed = any(m.dtype != v.dtype or m.dtype != _tree.compute_dtype(g.dtype, m.dtype) for g, m, v in
                    zip(jax.tree.leaves(updates), jax.tree.leaves(adam_state.mu), jax.tree.leaves(adam_state.nu)))
-    if narrowed or not any(recompute(x) for x in jax.tree.leaves(u)):
+    # The recomputation below is plain Adam's step over every leaf: a mask or Nesterov's moment takes the ordinary path.
+    other = trust.option("mask") is not None or adam.option("nesterov")
+    if narrowed or other or not any(recompute(x) for x in jax.tree.leaves(u)):
         return trust.apply(u, states[-1], params, extra)[0], new_states
-    ratios = trust_ratios(u, params, **{k: trust.option(k) for k, _ in trust.options})
+    ratios = trust_ratios(u, params, **{k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")})
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
     c1, c2 = bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))

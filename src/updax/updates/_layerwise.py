@@ -5,6 +5,7 @@ The trust ratio of LARS and LAMB, and NovoGrad's layer-wise second moment.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -14,8 +15,9 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
-from updax._typing import DType, ScalarOrSchedule
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.updates._masking import leafwise
 from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
 
 
@@ -31,23 +33,28 @@ class ScaleByNovogradState(NamedTuple):
 # The trust ratio
 
 
-def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient, eps):
+def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient, eps, mask=None):
     ratios = trust_ratios(updates, params, min_norm, trust_coefficient, eps)
-    return jax.tree.map(trust_scaled, updates, ratios)
+    return leafwise("scale_by_trust_ratio", trust_scaled, mask, updates, params, other=ratios)
 
 
 @combinator
 def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: ScalarOrSchedule = 1.0,
-                         eps: ScalarOrSchedule = 0.0) -> Update:
+                         eps: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None
+                         ) -> Update:
     """Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB).
 
     Update rule, per leaf: ``u ← u · c·‖p‖ / (‖u‖ + eps)`` with both norms
-    floored at ``min_norm``; the ratio is 1 when either norm is 0.
+    floored at ``min_norm``; the ratio is 1 when either norm is 0. Leaves
+    ``mask`` leaves out pass through unscaled.
 
     Args:
         min_norm: floor of both norms, >= 0. Default: ``0.0``.
         trust_coefficient: the factor ``c``. Default: ``1.0``.
         eps: added to the update norm, >= 0. Default: ``0.0``.
+        mask: which leaves are scaled: a pytree of bools shaped like the
+            params, or a function of the params returning one; None scales
+            every leaf. Default: ``None``.
 
     Returns:
         A stateless update object; ``update`` needs ``params``.
@@ -67,7 +74,7 @@ def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: Sc
     call = "scale_by_trust_ratio"
     options = dict(min_norm=check.nonnegative(call, "min_norm", min_norm),
                    trust_coefficient=check.real(call, "trust_coefficient", trust_coefficient),
-                   eps=check.nonnegative(call, "eps", eps))
+                   eps=check.nonnegative(call, "eps", eps), mask=check.mask(call, "mask", mask))
     return stateless(_apply_scale_by_trust_ratio, name=call, options=options, needs_params=True,
                      schedulable=("min_norm", "trust_coefficient", "eps"))
 

@@ -21,20 +21,34 @@ def _is_function(labels) -> bool:
 
 
 def _resolve(call, spec, params, what):
-    """The mask or labels for ``params``, without the entries of leaves that are None in ``params``.
+    """The mask or labels for ``params``, shaped like ``params``.
 
-    Inside another ``masked`` or ``partition`` the leaves left out are None, so a mask written for the whole
-    params still applies there.
+    A mask or labels tree may be a prefix of the params (``{"encoder": False, "decoder": True}`` for nested
+    params): each entry applies to its whole subtree, as in optax. Inside another ``masked`` or ``partition``
+    the leaves left out are None, so a mask written for the whole params still applies there: entries over
+    None are dropped.
     """
     tree = spec(params) if _is_function(spec) else spec
     if jax.tree.structure(tree) != jax.tree.structure(params):
         try:
-            tree = jax.tree.map(lambda entry, p: None if p is None else entry, tree, params,
+            tree = jax.tree.map(lambda entry, sub: jax.tree.map(lambda p: entry, sub), tree, params,
                                 is_leaf=lambda x: x is None)
         except (ValueError, TypeError):
             pass  # not a prefix: the check below names the first differing path
     _tree.check_same_structure(call, params, tree, "params", what)
     return tree
+
+
+def leafwise(call, fn, mask, updates, params, other=None):
+    """``fn(u, x)`` on each leaf the mask selects (all of them when ``mask`` is None), with ``x`` the leaf of
+    ``other`` (by default the params); the others pass unchanged. A mask function is called on the params."""
+    other = params if other is None else other
+    if mask is None:
+        return _tree.tree_map(call, fn, updates, other, names=("updates", "params"))
+    mask = _resolve(call, mask, updates if params is None else params, "mask")
+    _tree.check_same_structure(call, mask, updates, "mask", "updates")
+    _tree.check_same_structure(call, updates, other, "updates", "params")
+    return jax.tree.map(lambda m, u, x: fn(u, x) if m else u, mask, updates, other)
 
 
 def _select(tree, labels, keep):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -13,26 +14,33 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
-from updax._typing import ScalarOrSchedule
+from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.updates._masking import leafwise
 
 
-def _apply_add_decayed_weights(updates, params, *, decay):
+def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
     def leaf(g, p):
         c = _tree.compute_dtype(g.dtype, p.dtype)
         return (g.astype(c) + decay * p.astype(c)).astype(g.dtype)
 
-    return _tree.tree_map("add_decayed_weights", leaf, updates, params, names=("updates", "params"))
+    return leafwise("add_decayed_weights", leaf, mask, updates, params)
 
 
 @combinator
-def add_decayed_weights(decay: ScalarOrSchedule = 0.0) -> Update:
+def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None
+                        ) -> Update:
     """Adds ``decay`` times the parameters to the updates (decoupled weight decay).
 
-    Update rule: ``u ← u + decay·p``.
+    Update rule: ``u ← u + decay·p`` on the leaves ``mask`` selects; the
+    others pass through unchanged. Keeping biases and normalisation scales
+    out of the decay is the usual use.
 
     Args:
         decay: the weight-decay rate, any real number. Default: ``0.0``.
+        mask: which leaves decay: a pytree of bools shaped like the params,
+            or a function of the params returning one (True: decayed); None
+            decays every leaf. Default: ``None``.
 
     Returns:
         A stateless update object; ``update`` needs ``params``.
@@ -44,14 +52,19 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0) -> Update:
         >>> params = {"w": jnp.array([2.0])}
         >>> opt.update({"w": jnp.array([1.0])}, opt.init(params), params)[0]["w"]
         Array([1.2], dtype=float32)
+        >>> no_bias = ux.add_decayed_weights(0.1, mask=lambda p: {k: k != "b" for k in p})
+        >>> params = {"w": jnp.array([2.0]), "b": jnp.array([2.0])}
+        >>> no_bias.update({"w": jnp.array([1.0]), "b": jnp.array([1.0])}, no_bias.init(params), params)[0]
+        {'b': Array([1.], dtype=float32), 'w': Array([1.2], dtype=float32)}
 
     References:
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
         2019. https://arxiv.org/abs/1711.05101
     """
-    decay = check.real("add_decayed_weights", "decay", decay)
-    return stateless(_apply_add_decayed_weights, name="add_decayed_weights", options=dict(decay=decay),
-                     needs_params=True, schedulable=("decay",))
+    call = "add_decayed_weights"
+    options = dict(decay=check.real(call, "decay", decay), mask=check.mask(call, "mask", mask))
+    return stateless(_apply_add_decayed_weights, name=call, options=options, needs_params=True,
+                     schedulable=("decay",))
 
 
 class AddNoiseState(NamedTuple):

@@ -1,0 +1,379 @@
+"""Euclidean projections onto convex sets: the closest point of the set to a pytree, as plain functions.
+
+Each function treats the whole pytree as one vector (the concatenation of
+its leaves) and returns ``argmin_{p in C} ‖x - p‖₂`` with the structure,
+shapes and dtypes of ``x``; None leaves stay None. Use them for projected
+gradient descent after ``apply_updates``::
+
+    params = ux.projections.projection_simplex(ux.apply_updates(params, updates))
+
+Leaves must be real floating-point arrays (Python numbers become arrays of
+the default float dtype). Arithmetic runs in at least float32 and each
+result is stored in its leaf's dtype. Every function works under
+``jax.jit``; the numeric options (``scale``, ``lower``, ``upper``) may be
+traced values, and are checked only when they are concrete.
+
+>>> import jax.numpy as jnp
+>>> import updax as ux
+>>> ux.projections.projection_simplex({"a": jnp.array([2.0, 0.0]), "b": jnp.array(1.0)})
+{'a': Array([1., 0.], dtype=float32), 'b': Array(0., dtype=float32)}
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from updax import _tree
+from updax import _validate as check
+from updax._typing import ArrayLike, PyTree
+
+__all__ = [
+    "projection_box",
+    "projection_hypercube",
+    "projection_l1_ball",
+    "projection_l2_ball",
+    "projection_linf_ball",
+    "projection_non_negative",
+    "projection_simplex",
+]
+
+
+# --------------------------------------------------------------------------
+# Leaves and bounds
+
+
+def _flatten(call: str, tree: Any) -> tuple[list[jax.Array], list[str], Any]:
+    """The leaves of ``tree`` as real floating arrays, their paths, and the tree's structure."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves, paths = [], []
+    for path, x in flat:
+        where = f"tree{jax.tree_util.keystr(path)}"
+        if isinstance(x, numbers.Real) and not isinstance(x, bool):
+            x = jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(jnp.float64))
+        elif not isinstance(x, jax.Array):
+            try:
+                x = jnp.asarray(x)
+            except TypeError:
+                raise TypeError(f"{call}: {where} is {x!r}, not an array or a number") from None
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{call}: {where} has dtype {x.dtype}; projections take real floating-point leaves "
+                            "(cast it, e.g. with .astype(jnp.float32))")
+        leaves.append(x)
+        paths.append(jax.tree_util.keystr(path))
+    return leaves, paths, treedef
+
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _bounds(call: str, name: str, bound: Any, tree: Any, leaves: list[jax.Array], paths: list[str]) -> list[Any]:
+    """``bound`` as one value per leaf: a real scalar, or a tree shaped like ``tree`` whose leaves broadcast to its
+    leaves' shapes. Concrete values must not be NaN (infinities are fine: a one-sided box)."""
+    scalar = _tree.is_scalar(bound) or isinstance(bound, (bool, complex))
+    if scalar:
+        values, where, targets = [bound], [name], [()]
+    else:
+        _tree.check_same_structure(call, tree, bound, "tree", name)
+        values = jax.tree.leaves(bound)
+        where, targets = [f"{name}{path}" for path in paths], [x.shape for x in leaves]
+    for value, at, target in zip(values, where, targets):
+        real = isinstance(value, (numbers.Real, jax.Array, np.ndarray, np.generic)) and not isinstance(value, bool)
+        if not real or not (jnp.issubdtype(jnp.result_type(value), jnp.floating)
+                            or jnp.issubdtype(jnp.result_type(value), jnp.integer)):
+            raise TypeError(f"{call}: {at} is {value!r}; a bound must be a real number or array")
+        try:
+            fits = np.broadcast_shapes(jnp.shape(value), target) == target
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{call}: {at} has shape {jnp.shape(value)}, which does not broadcast to the shape "
+                             f"{target} of the leaf it bounds")
+        if _is_concrete(value) and np.any(np.isnan(np.asarray(value, np.float64))):
+            raise ValueError(f"{call}: {at} must not be NaN, got {value!r}")
+    return values * len(leaves) if scalar else values
+
+
+def _box(call: str, tree: Any, lower: tuple[str, Any], upper: tuple[str, Any]) -> PyTree:
+    leaves, paths, treedef = _flatten(call, tree)
+    lows = _bounds(call, lower[0], lower[1], tree, leaves, paths)
+    highs = _bounds(call, upper[0], upper[1], tree, leaves, paths)
+    for lo, hi, path in zip(lows, highs, paths):
+        if _is_concrete(lo) and _is_concrete(hi) and np.any(np.asarray(lo, np.float64) > np.asarray(hi, np.float64)):
+            at = "" if _tree.is_scalar(lower[1]) and _tree.is_scalar(upper[1]) else f" (at tree{path})"
+            raise ValueError(f"{call}: {lower[0]} must be <= {upper[0]}{at}; the box is empty")
+    return treedef.unflatten([_clip(x, lo, hi) for x, lo, hi in zip(leaves, lows, highs)])
+
+
+def _clip(x: jax.Array, lower: Any, upper: Any) -> jax.Array:
+    """``x`` clipped to ``[lower, upper]``, a bound not exact in ``x``'s dtype rounded into the box."""
+    c = _tree.compute_dtype(x.dtype)
+    lo, hi = jnp.asarray(lower).astype(c), jnp.asarray(upper).astype(c)
+    y = jnp.clip(x.astype(c), lo, hi).astype(x.dtype)
+    if x.dtype != c:  # rounding a bound to a narrower dtype may step outside the box: step back in
+        y = jnp.where(y.astype(c) > hi, jnp.nextafter(y, jnp.asarray(-jnp.inf, x.dtype)), y)
+        y = jnp.where(y.astype(c) < lo, jnp.nextafter(y, jnp.asarray(jnp.inf, x.dtype)), y)
+    return y
+
+
+def _scale(call: str, scale: Any, *, positive: bool) -> Any:
+    if positive:
+        return check.number(call, "scale", scale, 0.0, lo_open=True)
+    return check.number(call, "scale", scale, 0.0)
+
+
+def _common(leaves: list[jax.Array]) -> Any:
+    """The dtype the whole vector is computed in: the widest of the leaves', at least float32."""
+    return _tree.compute_dtype(*(x.dtype for x in leaves))
+
+
+def _simplex_threshold(v: jax.Array, z: jax.Array) -> jax.Array:
+    """The θ with ``sum(max(v - θ, 0)) = z``, by sorting (Duchi et al. 2008, Figure 1).
+
+    With ``μ`` the values sorted in decreasing order, ``ρ = max{j : μ_j - (Σ_{r<=j} μ_r - z) / j > 0}`` and
+    ``θ = (Σ_{r<=ρ} μ_r - z) / ρ``. ``ρ >= 1`` always (``j = 1`` gives ``z > 0``; kept so under rounding).
+    """
+    mu = jnp.sort(v)[::-1]
+    excess = jnp.cumsum(mu) - z
+    j = jnp.arange(1, v.shape[0] + 1)
+    rho = jnp.max(jnp.where(mu - excess / j.astype(v.dtype) > 0, j, 1))
+    return excess[rho - 1] / rho.astype(v.dtype)
+
+
+# --------------------------------------------------------------------------
+# The projections
+
+
+def projection_non_negative(tree: PyTree) -> PyTree:
+    """Projects onto the non-negative orthant.
+
+    Rule: ``p = max(x, 0)``, element by element.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_non_negative({"w": jnp.array([-1.0, 2.0])})
+        {'w': Array([0., 2.], dtype=float32)}
+
+    References:
+        optax.projections.projection_non_negative.
+    """
+    leaves, _, treedef = _flatten("projection_non_negative", tree)
+    return treedef.unflatten([jnp.maximum(x, jnp.zeros((), x.dtype)) for x in leaves])
+
+
+def projection_box(tree: PyTree, lower: ArrayLike | PyTree, upper: ArrayLike | PyTree) -> PyTree:
+    """Projects onto the box ``lower <= p <= upper``.
+
+    Rule: ``p = min(max(x, lower), upper)``, element by element. A bound not
+    exact in a leaf's dtype is rounded into the box.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        lower: the lower bound, a scalar (``-inf`` for none) or a pytree
+            shaped like ``tree`` whose leaves broadcast to its leaves'
+            shapes; <= ``upper``. No default.
+        upper: the upper bound, a scalar (``inf`` for none) or a pytree
+            like ``lower``. No default.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_box({"w": jnp.array([-2.0, 0.5, 3.0])}, -1.0, 1.0)
+        {'w': Array([-1. ,  0.5,  1. ], dtype=float32)}
+
+    References:
+        optax.projections.projection_box.
+    """
+    return _box("projection_box", tree, ("lower", lower), ("upper", upper))
+
+
+def projection_hypercube(tree: PyTree, scale: ArrayLike | PyTree = 1.0) -> PyTree:
+    """Projects onto the hypercube ``0 <= p <= scale``.
+
+    Rule: ``p = min(max(x, 0), scale)``, element by element.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the side of the cube, >= 0: a scalar or a pytree shaped like
+            ``tree``. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_hypercube({"w": jnp.array([-2.0, 0.5, 3.0])})
+        {'w': Array([0. , 0.5, 1. ], dtype=float32)}
+
+    References:
+        optax.projections.projection_hypercube.
+    """
+    if _tree.is_scalar(scale):
+        scale = _scale("projection_hypercube", scale, positive=False)
+    return _box("projection_hypercube", tree, ("0", 0.0), ("scale", scale))
+
+
+def projection_simplex(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    """Projects onto the simplex ``{p >= 0, sum(p) = scale}``, all leaves together.
+
+    Rule (Duchi et al., Figure 1): sort the elements in decreasing order,
+    ``μ₁ >= μ₂ >= ...``; with ``ρ = max{j : μ_j - (Σ_{r<=j} μ_r - scale) / j > 0}``
+    and ``θ = (Σ_{r<=ρ} μ_r - scale) / ρ``, ``p = max(x - θ, 0)``. The sort
+    makes it ``O(n log n)`` in the total number of elements ``n``, and it
+    holds a float32 (or wider) copy of them all. A point of the simplex is
+    returned as it is, up to rounding.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays with at least
+            one element. No default.
+        scale: the sum of the projection, > 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_simplex({"a": jnp.array([0.5, 1.5]), "b": jnp.array(-1.0)})
+        {'a': Array([0., 1.], dtype=float32), 'b': Array(0., dtype=float32)}
+
+    References:
+        Duchi, Shalev-Shwartz, Singer & Chandra, "Efficient projections onto
+        the l1-ball for learning in high dimensions", ICML 2008, Figure 1.
+        https://doi.org/10.1145/1390156.1390191; optax.projections.projection_simplex.
+    """
+    call = "projection_simplex"
+    scale = _scale(call, scale, positive=True)
+    leaves, _, treedef = _flatten(call, tree)
+    if sum(x.size for x in leaves) == 0:
+        raise ValueError(f"{call}: the tree has no elements, and the simplex in zero dimensions is empty")
+    c = _common(leaves)
+    theta = _simplex_threshold(jnp.concatenate([x.astype(c).ravel() for x in leaves]), jnp.asarray(scale).astype(c))
+    return treedef.unflatten([jnp.maximum(x.astype(c) - theta, 0).astype(x.dtype) for x in leaves])
+
+
+def projection_l1_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    """Projects onto the L1 ball ``{‖p‖₁ <= scale}``, all leaves together.
+
+    Rule: ``p = x`` if ``‖x‖₁ <= scale``; else ``p = sign(x)·max(|x| - θ, 0)``
+    with ``θ`` the simplex threshold of ``|x|`` (see
+    :func:`projection_simplex`), so that ``‖p‖₁ = scale``.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the radius, > 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``; ``tree`` itself (values
+        unchanged) when it is inside the ball.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_l1_ball({"w": jnp.array([2.0, -1.0])})
+        {'w': Array([1., 0.], dtype=float32)}
+
+    References:
+        Duchi, Shalev-Shwartz, Singer & Chandra, "Efficient projections onto
+        the l1-ball for learning in high dimensions", ICML 2008 (the L1 ball
+        reduced to the simplex of ``|x|``, and Figure 1).
+        https://doi.org/10.1145/1390156.1390191; optax.projections.projection_l1_ball.
+    """
+    call = "projection_l1_ball"
+    scale = _scale(call, scale, positive=True)
+    leaves, _, treedef = _flatten(call, tree)
+    if sum(x.size for x in leaves) == 0:
+        return treedef.unflatten(leaves)
+    c = _common(leaves)
+    magnitudes = jnp.concatenate([jnp.abs(x.astype(c)).ravel() for x in leaves])
+    z = jnp.asarray(scale).astype(c)
+    theta = _simplex_threshold(magnitudes, z)
+    inside = jnp.sum(magnitudes) <= z
+
+    def project(x):
+        x_c = x.astype(c)
+        p = jnp.where(jnp.abs(x_c) > theta, jnp.sign(x_c) * (jnp.abs(x_c) - theta), 0)
+        return jnp.where(inside, x, p.astype(x.dtype))
+
+    return treedef.unflatten([project(x) for x in leaves])
+
+
+def projection_l2_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    """Projects onto the L2 ball ``{‖p‖₂ <= scale}``, all leaves together.
+
+    Rule: ``p = x · scale / ‖x‖₂`` if ``‖x‖₂ > scale``, else ``p = x``.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the radius, >= 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``; ``tree`` itself (values
+        unchanged) when it is inside the ball.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_l2_ball({"a": jnp.array([3.0]), "b": jnp.array([4.0])}, scale=1.0)
+        {'a': Array([0.6], dtype=float32), 'b': Array([0.8], dtype=float32)}
+
+    References:
+        optax.projections.projection_l2_ball.
+    """
+    call = "projection_l2_ball"
+    scale = _scale(call, scale, positive=False)
+    leaves, _, treedef = _flatten(call, tree)
+    if not leaves:
+        return treedef.unflatten(leaves)
+    c = _common(leaves)
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(c))) for x in leaves))
+    radius = jnp.asarray(scale).astype(c)
+    outside = norm > radius
+    factor = radius / jnp.where(outside, norm, 1)
+
+    def project(x):
+        return jnp.where(outside, (x.astype(c) * factor).astype(x.dtype), x)
+
+    return treedef.unflatten([project(x) for x in leaves])
+
+
+def projection_linf_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    """Projects onto the L-infinity ball ``{max |p| <= scale}``.
+
+    Rule: ``p = min(max(x, -scale), scale)``, element by element.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the radius, >= 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_linf_ball({"w": jnp.array([-2.0, 0.5, 3.0])})
+        {'w': Array([-1. ,  0.5,  1. ], dtype=float32)}
+
+    References:
+        optax.projections.projection_linf_ball.
+    """
+    call = "projection_linf_ball"
+    scale = _scale(call, scale, positive=False)
+    return _box(call, tree, ("-scale", -scale), ("scale", scale))
