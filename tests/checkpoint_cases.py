@@ -14,13 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import updax as ux
-from registry import nested_tree
+from registry import half_squared_norm, nested_tree, updates_for
 
 BEFORE, AFTER = 2, 2  # steps before the checkpoint, and after it
 
 CASES = {name: (lambda name=name: getattr(ux.optimizers, name)(0.05)) for name in ux.optimizers.__all__}
 CASES["hyperparams_in_state.adamw"] = lambda: ux.hyperparams_in_state(ux.optimizers.adamw(0.05))
 CASES["schedule.adam"] = lambda: ux.optimizers.adam(ux.schedules.cosine_decay(0.05, decay_steps=10))
+CASES["lbfgs"] = lambda: ux.optimizers.lbfgs(0.05, objective=half_squared_norm)  # its line search needs one
 
 
 def params():
@@ -39,7 +40,7 @@ def run(opt, p, state, steps, start):
 
 
 def _step(opt, g, s, p):
-    updates, s = opt.update(g, s, p, loss=jnp.asarray(1.0))
+    updates, s = opt.update(updates_for(opt, g), s, p, loss=jnp.asarray(1.0))
     return ux.apply_updates(p, updates), s
 
 

@@ -12,8 +12,10 @@ compilation, which varies with the machine).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -26,27 +28,66 @@ settings.load_profile("ci")
 
 
 # --------------------------------------------------------------------------
-# The 8-device checks (tests/sharding_checks.py) run in a subprocess of their own: started as soon as the tests
-# are collected, so that on a 2-core machine they run alongside the rest of the suite.
+# Long checks in subprocesses of their own. The 8-device checks (tests/sharding_checks.py) start as soon as the
+# tests are collected, so that on a 2-core machine they run alongside the rest of the suite. They write their
+# results to a file that appears when they are done; tests/test_sharding.py waits for it. With pytest-xdist the
+# controller starts them once (not each worker) and tells the workers where the file will be.
 
 SHARDED_CHECKS = pytest.StashKey[subprocess.Popen]()
+SHARDED_OUT = pytest.StashKey[str]()
+_WORKER_KEY = "updax_sharded_out"
 
 
-def start_sharded_checks() -> subprocess.Popen:
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): run the module's tests in one pytest-xdist worker")
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        config.stash[SHARDED_OUT] = os.path.join(tempfile.mkdtemp(prefix="updax-sharded-"), "results.txt")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):  # (pytest-xdist) -n auto: one worker per core, at most 4
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # (pytest-xdist, in the controller) the workers learn where the results go
+    node.workerinput[_WORKER_KEY] = node.config.stash[SHARDED_OUT]
+
+
+def sharded_out(config) -> str:
+    """Where the 8-device checks write their results in this test run."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput[_WORKER_KEY] if workerinput is not None else config.stash[SHARDED_OUT]
+
+
+def start_sharded_checks(out: str) -> subprocess.Popen:
     here = os.path.dirname(os.path.abspath(__file__))
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(here, "sharding_checks.py")], cwd=here,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with open(out + ".err", "w") as err:
+        return subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(here, "sharding_checks.py"), "--out", out],
+                                cwd=here, stdout=subprocess.DEVNULL, stderr=err, env=env)
+
+
+def _start_once(config, test_ids):
+    if SHARDED_CHECKS not in config.stash and any("test_sharding.py" in test_id for test_id in test_ids):
+        config.stash[SHARDED_CHECKS] = start_sharded_checks(config.stash[SHARDED_OUT])
 
 
 def pytest_collection_finish(session):
-    if any(item.path.name == "test_sharding.py" for item in session.items):
-        session.config.stash[SHARDED_CHECKS] = start_sharded_checks()
+    if not hasattr(session.config, "workerinput"):  # without xdist (the controller does not collect)
+        _start_once(session.config, [item.nodeid for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    _start_once(node.config, ids)
 
 
 def pytest_unconfigure(config):
     proc = config.stash.get(SHARDED_CHECKS, None)
     if proc is not None and proc.poll() is None:
         proc.kill()
-        proc.communicate()
+        proc.wait()
+    if not hasattr(config, "workerinput") and SHARDED_OUT in config.stash:
+        shutil.rmtree(os.path.dirname(config.stash[SHARDED_OUT]), ignore_errors=True)

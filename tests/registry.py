@@ -26,6 +26,18 @@ def _halving(count):
     return 0.5 ** (count / 2)
 
 
+def _stacked_matrices(params):
+    """Muon's dimension numbers: every leaf with two axes or more is a batch of matrices over its last two."""
+    return jax.tree.map(lambda p: ux.MuonDimensionNumbers(-2, -1) if p.ndim >= 2 else None, params)
+
+
+def half_squared_norm(params):
+    """An objective for the line searches: ``|w|²/2`` over any tree, in float32 (the contract tests pass only
+    ``loss=``, so the line-search entries are built with ``objective=``)."""
+    return sum((0.5 * jnp.sum(jnp.abs(p.astype(jnp.float32)) ** 2) for p in jax.tree.leaves(params)),
+               jnp.zeros([], jnp.float32))
+
+
 ENTRIES = {
     "scale": lambda: ux.scale(-0.5),
     "scale_by_adam": lambda: ux.scale_by_adam(b1=0.8, b2=0.95, eps=1e-8, eps_root=1e-15),
@@ -72,33 +84,90 @@ ENTRIES = {
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(factored=True, decay_rate=0.8, step_offset=0,
                                                               min_dim_size_to_factor=2, epsilon=1e-30),
     "scale_by_param_block_rms": lambda: ux.scale_by_param_block_rms(min_scale=1e-3),
-    "scale_by_shape": lambda: ux.scale_by_shape(),
+    "scale_by_shape": lambda: ux.scale_by_shape(weight_dimension_numbers=_stacked_matrices),
     "clip_by_block_rms": lambda: ux.clip_by_block_rms(threshold=1.0),
     "scale_by_sm3": lambda: ux.scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
-                                                                eps=1e-8),
+                                                                eps=1e-8, weight_dimension_numbers=_stacked_matrices),
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
-                                              nesterov=True),
+                                              nesterov=True, adaptive=True,
+                                              weight_dimension_numbers=_stacked_matrices),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
+    # (clip_value=None, the paper's t^(1/4), is not a number the contract can turn into a constant schedule)
+    "scale_by_adopt": lambda: ux.scale_by_adopt(b1=0.9, b2=0.9999, eps=1e-6, clip_value=1.5, nesterov=False,
+                                                use_clipping=True),
+    "scale_by_ademamix": lambda: ux.scale_by_ademamix(b1=0.9, b2=0.999, b3=0.99, alpha=5.0, eps=1e-8, eps_root=0.0),
+    "scale_by_simplified_ademamix": lambda: ux.scale_by_simplified_ademamix(b1=0.9, b2=0.95, alpha=1.0, eps=1e-8,
+                                                                            eps_root=0.0),
     "zero_nans": lambda: ux.zero_nans(),
     "keep_params_nonnegative": lambda: ux.keep_params_nonnegative(),
     "snapshot": lambda: ux.scale(-0.5).snapshot(),
+    "scale_by_prodigy": lambda: ux.scale_by_prodigy(learning_rate=1.0, b1=0.9, b2=0.99, b3=0.9, eps=1e-8,
+                                                    estim_lr0=1e-3, estim_lr_coef=1.0, decay=0.01,
+                                                    safeguard_warmup=False),
+    "scale_by_dadapt_adamw": lambda: ux.scale_by_dadapt_adamw(learning_rate=1.0, b1=0.9, b2=0.99, eps=1e-8,
+                                                              estim_lr0=1e-3, decay=0.01),
+    "scale_by_dog": lambda: ux.scale_by_dog(init_step=1e-4, init_step_type="heuristic", eps=1e-8),
+    "scale_by_dowg": lambda: ux.scale_by_dowg(init_estim_sq_dist=1e-2, eps=1e-4),
+    "scale_by_cocob": lambda: ux.scale_by_cocob(alpha=10.0, eps=1e-8),
+    "scale_by_polyak": lambda: ux.scale_by_polyak(f_min=0.0, max_learning_rate=0.5, eps=1e-6, variant="sps+"),
+    "mechanize": lambda: ux.scale_by_adam().scale_by_learning_rate(1.0).mechanize(decay=0.01, eps=1e-8, s_init=1e-6,
+                                                                                   num_betas=4),
+    "lookahead": lambda: ux.scale_by_adam().scale(-0.1).lookahead(2, 0.5, reset_state=True),
+    "sam": lambda: ux.scale_by_adam().scale(-0.1).sam(0.05, 3, reset_state=True, adversary=ux.trace(0.5)),
+    "scale_by_optimistic_gradient": lambda: ux.scale_by_optimistic_gradient(alpha=0.5, beta=1.0),
+    "adaptive_grad_clip": lambda: ux.adaptive_grad_clip(clipping=0.05, eps=1e-3),
+    "per_example_global_norm_clip": lambda: ux.per_example_global_norm_clip(l2_norm_clip=1.0),
+    "differentially_private_aggregate": lambda: ux.differentially_private_aggregate(l2_norm_clip=1.0,
+                                                                                    noise_multiplier=0.5, key=3),
+    "scale_by_lbfgs": lambda: ux.scale_by_lbfgs(memory_size=3, scale_init_precond=True),
+    "scale_by_zoom_linesearch": lambda: ux.scale(-1.0).scale_by_zoom_linesearch(
+        max_linesearch_steps=8, max_learning_rate=10.0, tol=0.0, increase_factor=2.0, slope_rtol=1e-4, curv_rtol=0.9,
+        approx_dec_rtol=1e-6, stepsize_precision=1e-5, initial_guess_strategy="one", objective=half_squared_norm),
+    "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
+        max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
+        atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
 }
 
 #: Entries whose ``update`` needs ``params``.
-NEEDS_PARAMS = {"scale_by_trust_ratio", "add_decayed_weights", "scale_by_novograd", "schedule_free",
-                "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative"}
+NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "scale_by_dowg", "scale_by_cocob",
+                "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
+                "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
+                "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
-ANY_TREE = {"scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
+ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
-            "scale_by_newton_schulz", "scale_by_shape", "freeze"}
+            "scale_by_newton_schulz", "scale_by_shape", "freeze", "per_example_global_norm_clip",
+            "differentially_private_aggregate"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
-                   "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite",
-                   "skip_large_updates"}
+                   "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
+                   "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state"}
+
+
+#: Entries whose updates are per-example: a leading axis of examples on every leaf, which the entry reduces (its
+#: output is shaped like the params, as every entry's is). The tests feed every pipeline ``updates_for(opt, grads)``.
+PER_EXAMPLE = {"per_example_global_norm_clip", "differentially_private_aggregate"}
+
+#: The examples ``as_examples`` makes of one gradient: its multiples. With the registry's nested trees (global norm
+#: about 6) and l2_norm_clip=1, some examples are clipped and one (-0.1) is not.
+EXAMPLE_SCALES = (1.0, -0.1, 2.0)
+
+
+def as_examples(grads):
+    """Per-example gradients made of ``grads``: a leading axis of examples, ``grads`` times each EXAMPLE_SCALES."""
+    return jax.tree.map(lambda g: jnp.stack([g * jnp.asarray(s, g.dtype) for s in EXAMPLE_SCALES]), grads)
+
+
+def updates_for(opt, grads):
+    """What ``opt.update`` takes for gradients ``grads`` (shaped like the params): ``as_examples(grads)`` if one of
+    its stages takes per-example updates (PER_EXAMPLE, ``optimizers.dpsgd``), else ``grads`` (an optax
+    transformation, the oracle of some tests, takes ``grads``)."""
+    per_example = isinstance(opt, ux.Update) and any(stage.per_example for stage in opt.stages)
+    return as_examples(grads) if per_example else grads
 
 
 def catalogue_names():

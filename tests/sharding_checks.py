@@ -19,9 +19,12 @@ For each target, on an Explicit and on an Auto mesh of 4 x 2 devices
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sys
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +33,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import updax as ux
-from registry import ENTRIES
+from registry import ENTRIES, half_squared_norm, updates_for
 
 #: Each param's partition spec: both mesh axes, one, none, and a None leaf.
 SPECS = {"w": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)], "s": P()}
@@ -53,6 +56,7 @@ def targets():
     out = {name: build for name, build in ENTRIES.items()}
     out.update({f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(0.1))
                 for name in ux.optimizers.__all__})
+    out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=half_squared_norm)  # its line search needs one
     return out
 
 
@@ -101,7 +105,7 @@ def _run(opt, params, grads, mesh=None):
     state = opt.init(params)
     outs = []
     for g in grads:
-        u, state = step(g, state, params)
+        u, state = step(updates_for(opt, g), state, params)
         outs.append(u)
     return outs, state
 
@@ -284,5 +288,22 @@ def main(names):
             print("RESULT " + json.dumps(result), flush=True)
 
 
+def _main_to_file(path, names):
+    """``main`` with its RESULT lines written to ``path``, which appears (by a rename) only once they are all
+    there: a test in another pytest worker process waits for it. A crash is written there too."""
+    try:
+        with open(path + ".part", "w") as out, contextlib.redirect_stdout(out):
+            try:
+                main(names)
+            except BaseException:
+                print("CRASHED " + json.dumps(traceback.format_exc()), flush=True)
+                raise
+    finally:
+        os.replace(path + ".part", path)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--out"]:
+        _main_to_file(sys.argv[2], sys.argv[3:])
+    else:
+        main(sys.argv[1:])

@@ -17,6 +17,9 @@ from flax import serialization
 import updax as ux
 from checkpoint_cases import AFTER, BEFORE, CASES, flat, params, run
 
+#: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
+pytestmark = pytest.mark.xdist_group("checkpoints")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

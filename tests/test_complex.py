@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import updax as ux
-from registry import ENTRIES, NEEDS_PARAMS
+from registry import ENTRIES, NEEDS_PARAMS, updates_for
 
 RTOL, ATOL = 1e-5, 1e-6
 # Per-step scales: clipping sees both sides of its bound, RAdam rectifies from step 6.
@@ -87,6 +87,8 @@ STAGES = [
     # b2 = 0.5: where optax 0.2.8's Adan agrees with the paper's (tests/test_adaptive.py).
     ("scale_by_adan", lambda: ux.scale_by_adan(b1=0.8, b2=0.5, b3=0.9, eps=1e-6, eps_root=1e-10),
      lambda: optax.scale_by_adan(b1=0.8, b2=0.5, b3=0.9, eps=1e-6, eps_root=1e-10), None),
+    ("scale_by_ademamix", lambda: ux.scale_by_ademamix(b1=0.8, b2=0.9, b3=0.95, alpha=2.0, eps=1e-6, eps_root=1e-10),
+     lambda: optax.contrib.scale_by_ademamix(b1=0.8, b2=0.9, b3=0.95, alpha=2.0, eps=1e-6, eps_root=1e-10), None),
     ("scale_by_rms", lambda: ux.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1),
      lambda: optax.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1, eps_in_sqrt=True, bias_correction=False),
      None),
@@ -210,17 +212,28 @@ def test_a_real_accumulator_for_complex_params_is_refused_by_name():
 #: Entries whose rule needs an order or a sign (clip, sign, lion, rprop, keeping params non-negative), or is not
 #: written for complex numbers yet (Adafactor's factored statistics, SM3's cover maxima, Newton–Schulz's real
 #: transpose).
-REJECTED = {"clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
-            "scale_by_newton_schulz", "scale_by_muon", "keep_params_nonnegative"}
+#: Prodigy, D-Adaptation, COCOB and Mechanic: their estimates (inner products, per-coordinate maxima) are
+#: written for real numbers.
+#: DP-SGD's aggregate: its privacy analysis adds noise per real coordinate, which a complex draw would halve.
+REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_cocob", "mechanize",
+            "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
+            "scale_by_newton_schulz", "scale_by_muon", "keep_params_nonnegative",
+            "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch"}
 
 SUPPORTED = {
+    "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)
+    "scale_by_dog", "scale_by_dowg", "scale_by_polyak",
     "scale", "scale_by_state", "scale_by_schedule", "scale_by_learning_rate", "reduce_on_plateau",
     "scale_by_adam", "scale_by_belief", "scale_by_radam", "scale_by_yogi", "scale_by_amsgrad", "scale_by_adamax",
     "scale_by_nadam", "scale_by_adan", "scale_by_rms", "scale_by_rss", "scale_by_stddev", "scale_by_adadelta",
     "scale_by_trust_ratio", "scale_by_novograd", "scale_by_param_block_rms", "clip_by_block_rms", "scale_by_shape",
     "trace", "trace_nesterov", "clip_by_global_norm", "centralize", "add_decayed_weights", "add_noise",
     "accumulate_gradients", "apply_if_finite", "ema", "sma", "weighted_moving_average", "ema_params", "swa",
-    "schedule_free", "freeze", "masked", "partition", "zero_nans", "snapshot",
+    "schedule_free", "freeze", "masked", "partition", "zero_nans", "snapshot", "scale_by_lbfgs",
+    "lookahead", "sam", "scale_by_optimistic_gradient",
+    # tests/test_adam_variants.py: ADOPT clips the modulus (against the paper's rule in float64); optax 0.2.8's
+    # simplified AdEMAMix squares complex updates without the conjugate, its phase is checked here.
+    "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix",
 }
 
 
@@ -234,13 +247,13 @@ def _steps(opt, step, grads, params):
     """Each step's updates, on fixed params (the stages that do not need them ignore them)."""
     state, outs = opt.init(params), []
     for g in grads:
-        u, state = step(g, state, params)
+        u, state = step(updates_for(opt, g), state, params)
         outs.append(u)
     return outs
 
 
 #: Entries that branch with lax.cond, which eager JAX compiles on every call: one jit is cheaper.
-BRANCHING = {"accumulate_gradients", "apply_if_finite"}
+BRANCHING = {"accumulate_gradients", "apply_if_finite", "lookahead", "sam"}
 
 
 def _step_fn(name, opt):
@@ -306,7 +319,7 @@ def test_rejected_entries_name_the_stage_and_the_leaf(name, jit):
     state = opt.init(params)
     with pytest.raises(TypeError, match=rf"^{name}: complex updates are not supported "
                                         r"\(updates\['seq'\]\[1\]\[0\] is complex64\)"):
-        update(grads, state, params if name in NEEDS_PARAMS else None)
+        update(updates_for(opt, grads), state, params if name in NEEDS_PARAMS else None)
 
 
 @pytest.mark.parametrize("build, stage, leaf", [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import updax as ux
-from registry import ANY_TREE, ENTRIES, NEEDS_PARAMS, catalogue_names, nested_tree
+from registry import ANY_TREE, ENTRIES, NEEDS_PARAMS, PER_EXAMPLE, catalogue_names, nested_tree, updates_for
 
 NAMES = sorted(ENTRIES)
 # Every update gets a loss: stages that take no extra keywords must ignore it.
@@ -41,7 +41,7 @@ def _run(opt, steps, dtype, jit):
     step = jax.jit(step) if jit else step
     outs = []
     for t in range(steps):
-        grads = nested_tree(dtype, seed=t + 1)
+        grads = updates_for(opt, nested_tree(dtype, seed=t + 1))  # (per-example entries: a batch of examples)
         updates, state = step(opt, grads, state, params)
         outs.append(updates)
     return outs, state
@@ -147,15 +147,15 @@ def test_no_recompilation_on_second_call_or_new_hyperparameters(name):
     opt = ENTRIES[name]()
     params = nested_tree()
     state = opt.init(params)
-    _, state = step(opt, nested_tree(seed=1), state, params)
-    _, state = step(opt, nested_tree(seed=2), state, params)
+    _, state = step(opt, updates_for(opt, nested_tree(seed=1)), state, params)
+    _, state = step(opt, updates_for(opt, nested_tree(seed=2)), state, params)
     tweaked = _scale_floats(opt, 0.9)
     assert jax.tree.structure(tweaked) == jax.tree.structure(opt)
-    _, state = step(tweaked, nested_tree(seed=3), state, params)
+    _, state = step(tweaked, updates_for(opt, nested_tree(seed=3)), state, params)
     assert len(traces) == 1
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in PER_EXAMPLE])  # (those: test_per_example_entries_...)
 def test_composes_with_itself_and_with_a_stateless_stage(name):
     """compose(opt, opt).scale(0.5) equals running opt twice in a row, then halving, step after step."""
     opt = ENTRIES[name]()
@@ -177,7 +177,12 @@ def test_composes_with_itself_and_with_a_stateless_stage(name):
 
 
 #: Real-valued options that are not schedulable, and why.
-NOT_SCHEDULABLE = {("ema", "init"): "the starting value, a number or a tree shaped like the values"}
+NOT_SCHEDULABLE = {("ema", "init"): "the starting value, a number or a tree shaped like the values",
+                   # Starting values of the learning-rate-free estimates, read by init (Prodigy's d0 also
+                   # normalises the weights of its sums: a schedule would change what the sums mean).
+                   ("scale_by_prodigy", "estim_lr0"): "d0", ("scale_by_dadapt_adamw", "estim_lr0"): "d0",
+                   ("scale_by_dog", "init_step"): "r_eps", ("scale_by_dowg", "init_estim_sq_dist"): "r_eps²",
+                   ("scale_by_cocob", "eps"): "the initial L", ("mechanize", "s_init"): "the initial scale"}
 
 
 def _stages(opt):
@@ -224,7 +229,8 @@ def test_value_semantics(name):
     init_fn, update_fn = opt
     params = nested_tree()
     state = init_fn(params)
-    assert jax.tree.structure(update_fn(nested_tree(seed=1), state, params, loss=LOSS)[1]) == jax.tree.structure(state)
+    grads = updates_for(opt, nested_tree(seed=1))
+    assert jax.tree.structure(update_fn(grads, state, params, loss=LOSS)[1]) == jax.tree.structure(state)
     with pytest.raises(AttributeError):
         opt.stages = ()
 
@@ -258,7 +264,49 @@ class _Scalars(NamedTuple):
 def test_scalars_and_namedtuple_containers(name):
     opt = ENTRIES[name]()
     params = _Scalars(jnp.asarray(1.5), jnp.asarray([0.5, -2.0]))
-    updates, _ = opt.update(_Scalars(jnp.asarray(0.25), jnp.asarray([1.0, 3.0])), opt.init(params), params,
-                            loss=LOSS)
+    grads = updates_for(opt, _Scalars(jnp.asarray(0.25), jnp.asarray([1.0, 3.0])))
+    updates, _ = opt.update(grads, opt.init(params), params, loss=LOSS)
     assert isinstance(updates, _Scalars) and updates.a.shape == ()
     assert np.all(np.isfinite(updates.b))
+
+
+# --------------------------------------------------------------------------
+# Per-example entries (registry.PER_EXAMPLE): their updates carry a leading axis of examples, which they reduce.
+# The checks above feed them ``updates_for(opt, grads)`` and hold their outputs to the params' shapes; these check
+# what only they have.
+
+
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE))
+def test_per_example_entries_compose_once_and_with_the_stages_after_them(name):
+    """A pipeline reduces its examples once: the entry twice is refused by name. Followed by a stateful and a
+    stateless stage, it equals running them one after the other, step after step."""
+    opt = ENTRIES[name]()
+    params = nested_tree()
+    with pytest.raises(ValueError, match=f"{name} and {name} both take per-example updates"):
+        ux.compose(opt, opt).update(updates_for(opt, nested_tree(seed=1)), ux.compose(opt, opt).init(params), params)
+    after = ux.trace(decay=0.5).scale(0.5)
+    both = ux.compose(opt, after)
+    state, first_state, second_state = both.init(params), opt.init(params), after.init(params)
+    for t in range(3):
+        grads = updates_for(opt, nested_tree(seed=t + 1))
+        updates, state = both.update(grads, state, params, loss=LOSS)
+        first, first_state = opt.update(grads, first_state, params, loss=LOSS)
+        expected, second_state = after.update(first, second_state, params)
+        for x, y in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=f"step {t + 1}")
+
+
+@pytest.mark.parametrize("name", sorted(PER_EXAMPLE))
+def test_per_example_entries_name_the_leaf_without_the_examples_axis(name):
+    opt = ENTRIES[name]()
+    params = {"w": jnp.ones((2, 3)), "s": jnp.ones(())}
+    state = opt.init(params)
+    with pytest.raises(ValueError, match=rf"^{name}: it takes per-example updates, .* but updates\['s'\] is 0-d"):
+        opt.update({"w": jnp.ones((4, 2, 3)), "s": jnp.ones(())}, state)
+    with pytest.raises(ValueError, match=rf"^{name}: .* updates\['s'\] has 4 examples, updates\['w'\] has 5"):
+        opt.update({"w": jnp.ones((5, 2, 3)), "s": jnp.ones(4)}, state)
+    with pytest.raises(ValueError, match=r"updates do not fit params: at \['w'\] params have shape \(2, 3\), "
+                                         r"updates have shape \(3, 2\) per example"):
+        opt.update({"w": jnp.ones((4, 3, 2)), "s": jnp.ones(4)}, state, params)
+    updates, _ = jax.jit(opt.update)({"w": jnp.ones((4, 2, 3)), "s": jnp.ones(4)}, state, params)
+    assert jax.tree.map(jnp.shape, updates) == {"w": (2, 3), "s": ()}

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from registry import ENTRIES
+from registry import ENTRIES, updates_for
 from test_schedules import CASES as SCHEDULE_CASES
 
 import updax as ux
@@ -51,6 +51,13 @@ BOUNDED = {
     ("ReduceOnPlateauState", "count"): ("reduce_on_plateau", lambda s: s.option("accumulation_size") - 1),
     ("ReduceOnPlateauState", "plateau_count"): ("reduce_on_plateau", lambda s: s.option("patience") - 1),
     ("ReduceOnPlateauState", "cooldown_count"): ("reduce_on_plateau", lambda s: s.option("cooldown")),
+    ("LookaheadState", "steps_since_sync"): ("lookahead", lambda s: s.option("sync_period") - 1),
+    ("SamState", "steps_since_sync"): ("sam", lambda s: s.option("sync_period") - 1),
+    # (evaluations in the last line search: a diagnostic overwritten each call, bounded by its option)
+    ("ScaleByBacktrackingLinesearchState", "num_linesearch_steps"): (
+        "scale_by_backtracking_linesearch", lambda s: s.option("max_backtracking_steps") + 1),
+    ("ScaleByZoomLinesearchState", "num_linesearch_steps"): (
+        "scale_by_zoom_linesearch", lambda s: s.option("max_linesearch_steps")),
 }
 #: Counters that, past the limit, cycle through their last ``period`` values: (state type, field) -> (stage,
 #: the option holding the period).
@@ -144,7 +151,7 @@ def _counter_run(name):
     opt = BUILDERS[name]()
     state = opt.init(PARAMS)
     counters = _counters(opt, state)
-    step = jax.jit(lambda s, g: opt.update(g, s, PARAMS, loss=LOSS))
+    step = jax.jit(lambda s, g: opt.update(updates_for(opt, g), s, PARAMS, loss=LOSS))
 
     def run(start):
         s, outs = _set_counters(state, counters, start), []

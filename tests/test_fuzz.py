@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import updax as ux
-from registry import ENTRIES, catalogue_names
+from registry import ENTRIES, catalogue_names, half_squared_norm, updates_for
 
 # --------------------------------------------------------------------------
 # Budget
@@ -415,6 +415,23 @@ def _transforms(params):
     return st.just(ENTRIES["partition"]().stages[0].option("transforms"))
 
 
+@_structural("*", "objective", "a line search's objective, a function of the params: |w|²/2 (the registry's; the "
+                               "fuzz's random gradients are not its gradient, so directions may not descend)")
+def _objectives(params):
+    return st.just(half_squared_norm)
+
+
+@_structural("scale_by_zoom_linesearch", "initial_guess_strategy", "a name: 'keep' or 'one'")
+def _initial_guesses(params):
+    return st.sampled_from(["keep", "one"])
+
+
+@_structural("optimizers.lbfgs", "linesearch", "a name ('zoom', 'backtracking'; None takes no objective) or a "
+                                               "pipeline")
+def _lbfgs_linesearches(params):
+    return st.sampled_from(["zoom", "backtracking"])
+
+
 @_structural("accumulate_gradients", "steps", "'an integer >= 1, or a function gradient_step -> k'")
 def _accumulation_steps(params):
     rng = parse_range(args_section(ux.accumulate_gradients)["steps"])
@@ -461,14 +478,58 @@ def _ns_coeffs(params):
     return st.sampled_from(_NS_COEFFS)
 
 
+def _muon_last_two(params):
+    return jax.tree.map(lambda p: ux.MuonDimensionNumbers(-2, -1) if p.ndim >= 2 else None, params)
+
+
+def _muon_first_two(params):
+    return jax.tree.map(lambda p: ux.MuonDimensionNumbers(0, (1,)) if p.ndim >= 2 else None, params)
+
+
+@_structural("*", "weight_dimension_numbers", "'a pytree of MuonDimensionNumbers or None, or a function of the "
+                                              "params': None, functions, and trees drawn leaf by leaf")
+def _weight_dimension_numbers(params):
+    def entry(p):  # a leaf with two axes or more: its last two, its first two, or none
+        return st.sampled_from([None] + ([ux.MuonDimensionNumbers(-2, -1), ux.MuonDimensionNumbers((0,), 1)]
+                                         if jnp.ndim(p) >= 2 else []))
+
+    leaves, treedef = jax.tree.flatten(params)
+    trees = st.tuples(*(entry(p) for p in leaves)).map(lambda specs: treedef.unflatten(list(specs)))
+    return st.one_of(st.none(), st.sampled_from([_muon_last_two, _muon_first_two]), trees)
+
+
+@_structural("adaptive_grad_clip", "axis", "'an int or a tuple of ints' for leaves of rank >= 2, or None: axes "
+                                          "every such leaf of the drawn trees (rank <= 3) has")
+def _agc_axes(params):
+    return st.sampled_from([None, 0, -1, (0,), (0, -1)])
+
+
 @_structural("snapshot", "name", "'a Python identifier', the stage's name: the default and another")
 def _snapshot_names(params):
     return st.sampled_from(["snapshot", "fuzz_snapshot"])
 
 
+@_structural("sam", "adversary", "None or a pipeline giving the ascent direction: none, a stateless and a "
+                                  "stateful one")
+def _sam_adversaries(params):
+    return st.sampled_from([None, ux.scale(2.0), ux.scale_by_adam()])
+
+
 @_structural("snapshot", "measure", "'a jittable function of the updates', or None: a copy or their global norm")
 def _snapshot_measures(params):
     return st.sampled_from([None, ux.global_norm])
+
+
+@_structural("scale_by_dog", "init_step_type", "'\"heuristic\", \"distance\" or \"learning_rate\"'")
+@_structural("optimizers.dog", "init_step_type", "scale_by_dog.init_step_type")
+def _dog_init_step_types(params):
+    return st.sampled_from(["heuristic", "distance", "learning_rate"])
+
+
+@_structural("scale_by_polyak", "variant", "'\"sps\" or \"sps+\"'")
+@_structural("optimizers.polyak_sgd", "variant", "scale_by_polyak.variant")
+def _polyak_variants(params):
+    return st.sampled_from(["sps", "sps+"])
 
 
 def _structural_for(target: str, option: str):
@@ -749,6 +810,9 @@ ZERO_GUARDS = {
     "scale_by_factored_rms": ("epsilon",),
     "scale_by_newton_schulz": ("eps",),
     "scale_by_muon": ("eps",),
+    "scale_by_adopt": ("eps",),
+    "scale_by_ademamix": ("eps", "eps_root"),
+    "scale_by_simplified_ademamix": ("eps", "eps_root"),
 }
 
 
@@ -834,6 +898,7 @@ def test_fuzz(name, data):
     options = data.draw(options_strategy(name, params), label="options")
     assume(not any(applies(name, options) for applies, _ in REFUSED.values()))
     opt = tgt.build(options)
+    fed = [updates_for(opt, g) for g in grads]  # (per-example targets: a batch of examples made of each)
     note(f"opt = {opt!r}")
     bugs = known_bugs(opt, params)
     relaxed = {check for bug in bugs.values() for check in bug.relaxes}
@@ -844,8 +909,8 @@ def test_fuzz(name, data):
     promotion = "standard" if "strict" in relaxed or _is_complex(params) else "strict"
     with jax.numpy_dtype_promotion(promotion):
         state0 = opt.init(params)
-        eager, eager_states = run(opt, params, grads, losses, jit=False, state=state0)
-        jitted, jitted_states = run(opt, params, grads, losses, jit=True, state=state0)
+        eager, eager_states = run(opt, params, fed, losses, jit=False, state=state0)
+        jitted, jitted_states = run(opt, params, fed, losses, jit=True, state=state0)
 
         def check_steps(relaxed):
             for t, (g, e, j, es, js) in enumerate(zip(grads, eager, jitted, eager_states, jitted_states)):
@@ -861,14 +926,14 @@ def test_fuzz(name, data):
         try:
             check_steps(relaxed)
         except AssertionError:
-            if "finite" in relaxed or not exceeds_float16(opt, params, grads, losses):
+            if "finite" in relaxed or not exceeds_float16(opt, params, fed, losses):
                 raise
             note("beyond float16's range: float16 leaves may be inf or NaN, jit and eager compared where finite")
             check_steps(relaxed | {"finite"})
         if tgt.parent is not None:
             for form in pipe_forms(tgt, options):
                 assert form == opt and hash(form) == hash(opt) and repr(form) == repr(opt)
-                outs, states = run(form, params, grads, losses, jit=True)
+                outs, states = run(form, params, fed, losses, jit=True)
                 check_bit_identical(outs, jitted)
                 check_bit_identical(states, jitted_states)
             assert pickle.loads(pickle.dumps(opt)) == opt
@@ -957,6 +1022,9 @@ _UNGUARDED = {
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(epsilon=0.0),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(eps=0.0),
     "scale_by_muon": lambda: ux.scale_by_muon(eps=0.0),
+    "scale_by_adopt": lambda: ux.scale_by_adopt(eps=0.0),  # 0/0 from the second call on
+    "scale_by_ademamix": lambda: ux.scale_by_ademamix(eps=0.0, eps_root=0.0),
+    "scale_by_simplified_ademamix": lambda: ux.scale_by_simplified_ademamix(eps=0.0, eps_root=0.0),
 }
 
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import updax as ux
-from registry import ENTRIES, NEEDS_PARAMS, nested_tree
+from registry import ENTRIES, NEEDS_PARAMS, half_squared_norm, nested_tree, updates_for
 
 TARGETS = {**ENTRIES, **{f"optimizers.{n}": (lambda n=n: getattr(ux.optimizers, n)(0.05))
                          for n in ux.optimizers.__all__}}
+TARGETS["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.05, objective=half_squared_norm)  # for its line search
 
 
 def _steps(opt, params, steps=3, jit=True):
@@ -21,7 +22,7 @@ def _steps(opt, params, steps=3, jit=True):
     state, outs = opt.init(params), []
     for t in range(steps):
         grads = jax.tree.map(lambda p, t=t: jnp.cos(p * (t + 1)), params)
-        u, state = update(grads, state, params, loss=jnp.asarray(1.0 / (t + 1)))
+        u, state = update(updates_for(opt, grads), state, params, loss=jnp.asarray(1.0 / (t + 1)))
         outs.append(u)
     return outs, state
 

@@ -9,6 +9,8 @@ the tests are collected, so it runs alongside the rest of the suite.
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +18,11 @@ import numpy as np
 import pytest
 
 import updax as ux
-from conftest import SHARDED_CHECKS, start_sharded_checks
+from conftest import SHARDED_CHECKS, sharded_out, start_sharded_checks
 from sharding_checks import targets
+
+#: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
+pytestmark = pytest.mark.xdist_group("sharding")
 
 TARGETS = sorted(targets())
 
@@ -28,21 +33,36 @@ ROUNDING = 1e-5
 
 @pytest.fixture(scope="module")
 def sharded_run(request):
-    """The subprocess's results by (target, mesh); conftest.py starts it when the tests are collected."""
-    proc = request.config.stash.get(SHARDED_CHECKS, None) or start_sharded_checks()
+    """The subprocess's results by (target, mesh). conftest.py starts it when the tests are collected; it writes
+    its results to a file that appears when they are all there (waited for here, at most 20 minutes)."""
+    out = sharded_out(request.config)
+    own = None
+    if request.config.stash.get(SHARDED_CHECKS, None) is None and not hasattr(request.config, "workerinput"):
+        own = start_sharded_checks(out)  # e.g. when the test ids were given one by one
     results = {}
 
     def get():
         if not results:
-            out, err = proc.communicate(timeout=1200)
-            for line in out.splitlines():
+            deadline = time.monotonic() + 1200
+            while not os.path.exists(out):
+                assert time.monotonic() < deadline, "the sharded checks did not finish in 20 minutes"
+                if own is not None and own.poll() is not None and not os.path.exists(out):
+                    pytest.fail(f"the sharded checks exited with {own.returncode}")
+                time.sleep(0.5)
+            with open(out) as f:
+                text = f.read()
+            for line in text.splitlines():
                 if line.startswith("RESULT "):
                     r = json.loads(line[len("RESULT "):])
                     results[r["name"], r["mesh"]] = r
-            assert results, f"the sharded checks printed nothing; stderr:\n{err[-3000:]}"
+            crashed = [json.loads(line[len("CRASHED "):]) for line in text.splitlines() if line.startswith("CRASHED ")]
+            assert results and not crashed, f"the sharded checks crashed:\n{''.join(crashed)[-3000:]}"
         return results
 
-    return get
+    yield get
+    if own is not None and own.poll() is None:
+        own.kill()
+        own.wait()
 
 
 # --------------------------------------------------------------------------

@@ -15,6 +15,9 @@ import pytest
 
 import updax as ux
 
+#: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
+pytestmark = pytest.mark.xdist_group("site")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: The import names of the docs extra's packages (pyproject.toml).
 DOCS_EXTRA = ["mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "pymdownx"]

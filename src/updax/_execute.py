@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from updax import _fused, _tree
-from updax._stage import Stage, check_stage_result
+from updax._stage import Stage, check_stage_result, without_examples
 
 __all__ = ["init", "step"]
 
@@ -63,19 +63,27 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
     """Runs ``updates`` through the pipeline's stages, each with its own state.
 
     First checks what it was given: floating (or complex) updates, params of
-    the same structure and shapes, and a state of the structure and shapes
+    the same structure and shapes (as each example's, when a stage takes
+    per-example updates), and a state of the structure and shapes
     ``init`` gives; each stage's result is checked against what it got.
     """
     stages = pipeline.stages
     updates = _tree.as_arrays("update", updates, "updates", floating=True)
+    # A pipeline with a per-example stage takes per-example updates: what fits the params is them without
+    # their leading axis of examples.
+    per_example = [stage.label for stage in stages if stage.per_example]
+    if len(per_example) > 1:
+        raise ValueError(f"{pipeline!r}: {' and '.join(per_example)} both take per-example updates; a pipeline "
+                         "reduces its examples once")
+    shapes = without_examples(per_example[0], updates) if per_example else updates
     if params is not None:
         params = _tree.as_arrays("update", params, "params")
-        found = _tree.mismatch(params, updates)
+        found = _tree.mismatch(params, shapes)
         if found is not None:
             where, want, got = found
             raise ValueError(f"{pipeline!r}: updates do not fit params: at {where or '<root>'} params have {want}, "
-                             f"updates have {got}")
-    _check_state(pipeline, state, updates if params is None else params,
+                             f"updates have {got}{' per example' if per_example else ''}")
+    _check_state(pipeline, state, shapes if params is None else params,
                  "these updates" if params is None else "these params")
     new_state, i = [], 0
     while i < len(stages):

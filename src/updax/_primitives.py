@@ -18,7 +18,8 @@ __all__ = ["apply_updates", "compose", "identity", "stateful", "stateless"]
 
 @combinator
 def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options: Mapping[str, Any] | None = None,
-              needs_params: bool = False, static: Iterable[str] = (), schedulable: Iterable[str] = ()) -> Update:
+              needs_params: bool = False, static: Iterable[str] = (), schedulable: Iterable[str] = (),
+              per_example: bool = False) -> Update:
     """A stage without state.
 
     Args:
@@ -44,6 +45,12 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
             when such an option's value is callable, the stage evaluates it
             at its own step count and the kernel gets the number.
             Default: ``()``.
+        per_example: the updates carry a leading axis of examples (one
+            gradient per example, e.g. from ``jax.vmap(jax.grad(loss))``)
+            and ``apply_fn`` reduces it: it returns updates shaped like the
+            params. A pipeline holds at most one such stage, and its input
+            updates are per-example (the stages before it see the axis).
+            Default: ``False``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -60,14 +67,14 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
         {'w': Array([-1.], dtype=float32)}
     """
     stage = Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static,
-                  schedulable=schedulable)
+                  schedulable=schedulable, per_example=per_example)
     return Update((stage,))
 
 
 @combinator
 def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name: str | None = None,
              options: Mapping[str, Any] | None = None, needs_params: bool = False, static: Iterable[str] = (),
-             schedulable: Iterable[str] = (), wraps: str | None = None) -> Update:
+             schedulable: Iterable[str] = (), wraps: str | None = None, per_example: bool = False) -> Update:
     """A stage with state.
 
     Args:
@@ -90,6 +97,8 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             be stored in the state field of the same name. Composed after
             other stages with that option empty, the stage wraps them.
             Default: ``None``.
+        per_example: the updates carry a leading axis of examples, which
+            ``apply_fn`` reduces (see :func:`stateless`). Default: ``False``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -112,7 +121,7 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
         (Array([2.], dtype=float32), Array(1, dtype=int32))
     """
     stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static,
-                  schedulable=schedulable, wraps=wraps)
+                  schedulable=schedulable, wraps=wraps, per_example=per_example)
     return Update((stage,))
 
 

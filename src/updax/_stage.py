@@ -7,7 +7,8 @@ schedule only where the stage declares it ``schedulable`` and its value is
 callable; any other callable option reaches the kernels as a function.
 
 A stage name binds its kind: the kernels, the option names and the
-declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``). Two
+declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``,
+``per_example``). Two
 stages of one name are therefore the same computation whenever their options
 are equal, which is what lets a pipeline print as its identity.
 """
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, is_number, key_of, keywords
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates"]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates", "without_examples"]
 
 
 class EmptyState(NamedTuple):
@@ -59,6 +60,7 @@ class _Kind(NamedTuple):
     wraps: str | None
     static: frozenset[str]
     schedulable: frozenset[str]
+    per_example: bool = False
 
     def origin(self) -> tuple:
         """The kernels by the name they are found under; a kernel found under no name (a lambda, a closure)
@@ -68,7 +70,8 @@ class _Kind(NamedTuple):
     def describe(self) -> str:
         kernels = ", ".join(format_value(f) for f in (self.init_fn, self.apply_fn) if f is not None)
         return (f"kernels {kernels}; options {sorted(self.option_names)}; wraps={self.wraps!r}; "
-                f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}")
+                f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}; "
+                f"per_example={self.per_example}")
 
 
 _KINDS: dict[str, _Kind] = {}
@@ -117,7 +120,9 @@ class Stage:
     runs (its state lives in the state field of the same name). Options named
     in ``schedulable`` may be schedules ``count -> value``: the stage then
     evaluates them at its own step count and the kernels see the number.
-    Options named in ``static`` are structure even when numeric.
+    Options named in ``static`` are structure even when numeric. A
+    ``per_example`` stage gets updates with a leading axis of examples (one
+    gradient per example) and returns them reduced, shaped like the params.
 
     Attributes:
         name: the name given, or None (then ``label`` is ``"stateless"`` or
@@ -134,10 +139,12 @@ class Stage:
         scheduled: options whose value is a schedule (derived).
         held: options whose value lives in the state (see
             :func:`updax.hyperparams_in_state`); empty unless asked for.
+        per_example: whether the updates it gets carry a leading axis of
+            examples, which it reduces away.
     """
 
     __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
-                 "dynamic", "scheduled", "held")
+                 "dynamic", "scheduled", "held", "per_example")
 
     name: str | None
     init_fn: Callable[..., Any] | None
@@ -150,10 +157,12 @@ class Stage:
     dynamic: frozenset[str]
     scheduled: frozenset[str]
     held: frozenset[str]
+    per_example: bool
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
-                 wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = ()) -> None:
+                 wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = (),
+                 per_example: bool = False) -> None:
         call = name or ("stateless" if init_fn is None else "stateful")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
                                  or name in _UNNAMED):
@@ -172,22 +181,26 @@ class Stage:
             raise ValueError(f"{call}: options {sorted(static & schedulable)} cannot be both static and schedulable")
         if not isinstance(needs_params, bool):
             raise TypeError(f"{call}(needs_params={needs_params!r}): needs_params must be True or False")
+        if not isinstance(per_example, bool):
+            raise TypeError(f"{call}(per_example={per_example!r}): per_example must be True or False")
+        if per_example and wraps is not None:
+            raise ValueError(f"{call}: a wrapper stage cannot take per-example updates")
         if wraps is not None and not _is_pipeline(options.get(wraps)):
             raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
         if name is not None:
-            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable)
+            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example)
             _bind(name, kind)
         stored = tuple((k, _store(call, k, v, static)) for k, v in options.items())
-        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable)
+        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable, per_example=per_example)
 
     def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
-             scheduled=None, held=frozenset()):
+             scheduled=None, held=frozenset(), per_example=False):
         if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
             dynamic = frozenset(k for k, v in options
                                 if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
             scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
         for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
-                                                schedulable, dynamic, scheduled, held)):
+                                                schedulable, dynamic, scheduled, held, per_example)):
             object.__setattr__(self, slot, value)
 
     def holdable(self) -> frozenset[str]:
@@ -202,7 +215,7 @@ class Stage:
                         for k, v in self.options)
         stage = Stage.__new__(Stage)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, self.dynamic, self.scheduled)
+                   self.schedulable, self.dynamic, self.scheduled, per_example=self.per_example)
         object.__setattr__(stage, "held", stage.holdable())
         return stage
 
@@ -231,7 +244,7 @@ class Stage:
         stage = Stage.__new__(Stage)
         options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable)
+                   self.schedulable, per_example=self.per_example)
         object.__setattr__(stage, "held", self.held & stage.holdable())
         return stage
 
@@ -279,10 +292,11 @@ class Stage:
         values = self._values(outer.count if self.scheduled else None)
         values.update({k: outer.hyperparams[k] for k in self.held})
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
+        given = without_examples(self.label, updates) if self.per_example else updates
         if self.init_fn is None:
-            updates = check_updates(self.label, updates, self.apply_fn(updates, params, **kwargs))
+            updates = check_updates(self.label, given, self.apply_fn(updates, params, **kwargs))
         else:
-            updates, state = check_stage_result(self.label, updates, state,
+            updates, state = check_stage_result(self.label, given, state,
                                                 self.apply_fn(updates, state, params, **kwargs))
         if self.in_state:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
@@ -294,7 +308,7 @@ class Stage:
     def _key(self):
         options = tuple((k, key_of(v)) for k, v in self.options)
         return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                self.schedulable, self.held)
+                self.schedulable, self.held, self.per_example)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Stage and self._key() == other._key()
@@ -304,7 +318,7 @@ class Stage:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
-                                 self.static, self.schedulable, self.held))
+                                 self.static, self.schedulable, self.held, self.per_example))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -321,6 +335,25 @@ class Stage:
 
     def __repr__(self) -> str:
         return self._arguments(with_wrapped=True)
+
+
+def without_examples(label: str, updates: Any) -> Any:
+    """The shapes of per-example ``updates`` without their leading axis of examples (``jax.ShapeDtypeStruct``
+    leaves); raises, naming ``label`` and the leaf, unless every leaf has that axis, of one size >= 1."""
+    size, first = None, None
+    for path, leaf in jax.tree_util.tree_flatten_with_path(updates)[0]:
+        shape, where = _tree.shape_of(leaf), f"updates{jax.tree_util.keystr(path)}"
+        if not shape:
+            raise ValueError(f"{label}: it takes per-example updates, with a leading axis of examples, but {where} "
+                             "is 0-d (jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, batch) gives them)")
+        if size is None:
+            size, first = shape[0], where
+        if shape[0] == 0:
+            raise ValueError(f"{label}: {where} has 0 examples (shape {shape}); per-example updates need at least one")
+        if shape[0] != size:
+            raise ValueError(f"{label}: per-example updates need one leading axis of examples, of one size >= 1 "
+                             f"for every leaf: {first} has {size} examples, {where} has {shape[0]}")
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(_tree.shape_of(x)[1:], jnp.result_type(x)), updates)
 
 
 def check_updates(label: str, given: Any, returned: Any) -> Any:
@@ -371,12 +404,14 @@ def _store(call, key, value, static):
                         "or a pytree of them") from None
 
 
-def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset()):
+def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset(),
+                   per_example=False):
     if name is not None:
         names = frozenset(k for k, _ in options)
-        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable))
+        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example))
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held,
+               per_example=per_example)
     return stage
 
 
@@ -403,16 +438,18 @@ def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
     aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
-           stage.schedulable, stage.dynamic, stage.scheduled, stage.held)
+           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
-    name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held = aux
+    (name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
+     per_example) = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held)
+    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
+               per_example)
     return stage
 
 

@@ -82,6 +82,14 @@ class Update:
     ) -> Update:
         """Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates. See
         :func:`updax.accumulate_gradients`."""
+    def adaptive_grad_clip(
+        self,
+        clipping: ScalarOrSchedule,
+        eps: ScalarOrSchedule = 0.001,
+        axis: int | tuple[int, ...] | None = None,
+    ) -> Update:
+        """Clips each unit's update to at most ``clipping`` times its parameters' norm (AGC). See
+        :func:`updax.adaptive_grad_clip`."""
     def add_decayed_weights(
         self,
         decay: ScalarOrSchedule = 0.0,
@@ -110,6 +118,14 @@ class Update:
     def clip_by_global_norm(self, max_norm: ScalarOrSchedule = 1.0) -> Update:
         """Rescales the updates so that their global L2 norm is at most ``max_norm``. See
         :func:`updax.clip_by_global_norm`."""
+    def differentially_private_aggregate(
+        self,
+        l2_norm_clip: ScalarOrSchedule = 1.0,
+        noise_multiplier: ScalarOrSchedule = 1.0,
+        key: int | jax.Array = 0,
+    ) -> Update:
+        """DP-SGD's aggregation: per-example clipping, a sum, Gaussian noise, and the mean over the batch. See
+        :func:`updax.differentially_private_aggregate`."""
     def ema(
         self,
         decay: ScalarOrSchedule,
@@ -138,11 +154,33 @@ class Update:
     def keep_params_nonnegative(self) -> Update:
         """Changes the updates so that the params they produce are non-negative. See
         :func:`updax.keep_params_nonnegative`."""
+    def lookahead(
+        self,
+        sync_period: int = 5,
+        slow_step_size: ScalarOrSchedule = 0.5,
+        reset_state: bool = False,
+        *,
+        accumulator_dtype: DType = None,
+    ) -> Update:
+        """Lookahead: ``k`` steps of the pipeline before it, then one step of the slow weights towards them. See
+        :func:`updax.lookahead`."""
     def masked(self, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Runs the pipeline before it on the masked-in leaves only; the others pass through unchanged. See
         :func:`updax.masked`."""
+    def mechanize(
+        self,
+        decay: ScalarOrSchedule = 0.01,
+        eps: ScalarOrSchedule = 1e-08,
+        s_init: float = 1e-06,
+        num_betas: int = 6,
+    ) -> Update:
+        """Learns the scale of the steps of the pipeline before it (Mechanic), from the params' origin. See
+        :func:`updax.mechanize`."""
     def partition(self, transforms: dict[str, Update], labels: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Runs a different pipeline on each group of leaves. See :func:`updax.partition`."""
+    def per_example_global_norm_clip(self, l2_norm_clip: ScalarOrSchedule = 1.0) -> Update:
+        """Clips each example's gradient to a global L2 norm of ``l2_norm_clip``, then sums over the examples.
+        See :func:`updax.per_example_global_norm_clip`."""
     def reduce_on_plateau(
         self,
         factor: ScalarOrSchedule = 0.1,
@@ -155,6 +193,16 @@ class Update:
     ) -> Update:
         """Multiplies updates by a factor that drops when the reported loss stops improving. See
         :func:`updax.reduce_on_plateau`."""
+    def sam(
+        self,
+        rho: ScalarOrSchedule = 0.05,
+        sync_period: int = 2,
+        *,
+        reset_state: bool = True,
+        adversary: Update | None = None,
+    ) -> Update:
+        """Sharpness-aware minimisation: ascent steps, then the step of the pipeline before it from the start.
+        See :func:`updax.sam`."""
     def scale(self, step_size: ScalarOrSchedule) -> Update:
         """Multiplies updates by a fixed step size. See :func:`updax.scale`."""
     def scale_by_adadelta(
@@ -202,6 +250,34 @@ class Update:
     ) -> Update:
         """Scales updates by Adan: adaptive Nesterov momentum from gradient differences. See
         :func:`updax.scale_by_adan`."""
+    def scale_by_ademamix(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        b3: ScalarOrSchedule = 0.9999,
+        alpha: ScalarOrSchedule = 5.0,
+        eps: ScalarOrSchedule = 1e-08,
+        eps_root: ScalarOrSchedule = 0.0,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by AdEMAMix: Adam's fast EMA plus ``alpha`` times a slow EMA of the updates. See
+        :func:`updax.scale_by_ademamix`."""
+    def scale_by_adopt(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.9999,
+        eps: ScalarOrSchedule = 1e-06,
+        clip_value: ScalarOrSchedule | None = None,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+        nesterov: bool = False,
+        use_clipping: bool = True,
+    ) -> Update:
+        """Scales updates by ADOPT: momentum of the updates normalised by the previous second moment. See
+        :func:`updax.scale_by_adopt`."""
     def scale_by_amsgrad(
         self,
         b1: ScalarOrSchedule = 0.9,
@@ -214,6 +290,20 @@ class Update:
     ) -> Update:
         """Scales updates by AMSGrad: Adam whose second moment never decreases. See
         :func:`updax.scale_by_amsgrad`."""
+    def scale_by_backtracking_linesearch(
+        self,
+        max_backtracking_steps: int,
+        slope_rtol: float = 0.0001,
+        decrease_factor: float = 0.8,
+        increase_factor: float = 1.5,
+        max_learning_rate: float = 1.0,
+        atol: float = 0.0,
+        rtol: float = 0.0,
+        store_grad: bool = False,
+        objective: Callable[..., Any] | None = None,
+    ) -> Update:
+        """Scales updates by a step size with sufficient decrease, found by backtracking (Armijo). See
+        :func:`updax.scale_by_backtracking_linesearch`."""
     def scale_by_belief(
         self,
         b1: ScalarOrSchedule = 0.9,
@@ -227,6 +317,33 @@ class Update:
     ) -> Update:
         """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief. See
         :func:`updax.scale_by_belief`."""
+    def scale_by_cocob(self, alpha: ScalarOrSchedule = 100.0, eps: float = 1e-08) -> Update:
+        """Replaces updates by COCOB-Backprop's step: coordinate-wise coin betting from the starting point. See
+        :func:`updax.scale_by_cocob`."""
+    def scale_by_dadapt_adamw(
+        self,
+        learning_rate: ScalarOrSchedule = 1.0,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-08,
+        estim_lr0: float = 1e-06,
+        decay: ScalarOrSchedule = 0.0,
+        *,
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+    ) -> Update:
+        """Scales updates by D-Adaptation's AdamW step, the distance to the solution estimated on the fly. See
+        :func:`updax.scale_by_dadapt_adamw`."""
+    def scale_by_dog(
+        self,
+        init_step: float = 1e-06,
+        init_step_type: str = 'heuristic',
+        eps: ScalarOrSchedule = 1e-08,
+    ) -> Update:
+        """Scales updates by DoG's step: the distance travelled over the root of the summed squared norms. See
+        :func:`updax.scale_by_dog`."""
+    def scale_by_dowg(self, init_estim_sq_dist: float | None = None, eps: ScalarOrSchedule = 0.0001) -> Update:
+        """Scales updates by DoWG's step: the squared distance travelled over the weighted norms' root. See
+        :func:`updax.scale_by_dowg`."""
     def scale_by_factored_rms(
         self,
         factored: bool = True,
@@ -239,6 +356,9 @@ class Update:
     ) -> Update:
         """Scales updates by Adafactor's factored estimate of their root mean square. See
         :func:`updax.scale_by_factored_rms`."""
+    def scale_by_lbfgs(self, memory_size: int = 10, scale_init_precond: bool = True) -> Update:
+        """Multiplies updates by the L-BFGS approximation of the inverse Hessian. See
+        :func:`updax.scale_by_lbfgs`."""
     def scale_by_learning_rate(self, learning_rate: ScalarOrSchedule) -> Update:
         """Turns a direction into a descent step: multiplies updates by ``-learning_rate``. See
         :func:`updax.scale_by_learning_rate`."""
@@ -260,6 +380,8 @@ class Update:
         nesterov: bool = True,
         *,
         mu_dtype: DType = None,
+        adaptive: bool = False,
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz. See
         :func:`updax.scale_by_muon`."""
@@ -280,6 +402,8 @@ class Update:
         ns_coeffs: tuple[float, float, float] = ...,
         ns_steps: int = 5,
         eps: ScalarOrSchedule = 1e-08,
+        *,
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step). See
         :func:`updax.scale_by_newton_schulz`."""
@@ -292,12 +416,47 @@ class Update:
         decay: ScalarOrSchedule = 0.0,
         *,
         mu_dtype: DType = None,
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment. See
         :func:`updax.scale_by_novograd`."""
+    def scale_by_optimistic_gradient(
+        self,
+        alpha: ScalarOrSchedule = 1.0,
+        beta: ScalarOrSchedule = 1.0,
+        *,
+        accumulator_dtype: DType = None,
+    ) -> Update:
+        """Optimistic gradients: the update extrapolates from the previous one, ``(α + β)·g - β·g_prev``. See
+        :func:`updax.scale_by_optimistic_gradient`."""
     def scale_by_param_block_rms(self, min_scale: ScalarOrSchedule = 0.001) -> Update:
         """Scales each leaf's update by the root mean square of its parameters (Adafactor's relative step). See
         :func:`updax.scale_by_param_block_rms`."""
+    def scale_by_polyak(
+        self,
+        f_min: ScalarOrSchedule = 0.0,
+        max_learning_rate: ScalarOrSchedule = 1.0,
+        eps: ScalarOrSchedule = 0.0,
+        variant: str = 'sps',
+    ) -> Update:
+        """Scales updates by Polyak's step size, from the loss and its lower bound. See
+        :func:`updax.scale_by_polyak`."""
+    def scale_by_prodigy(
+        self,
+        learning_rate: ScalarOrSchedule = 1.0,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        b3: ScalarOrSchedule | None = None,
+        eps: ScalarOrSchedule = 1e-08,
+        estim_lr0: float = 1e-06,
+        estim_lr_coef: ScalarOrSchedule = 1.0,
+        decay: ScalarOrSchedule = 0.0,
+        safeguard_warmup: bool = False,
+        *,
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+    ) -> Update:
+        """Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly. See
+        :func:`updax.scale_by_prodigy`."""
     def scale_by_radam(
         self,
         b1: ScalarOrSchedule = 0.9,
@@ -342,11 +501,24 @@ class Update:
         :func:`updax.scale_by_rss`."""
     def scale_by_schedule(self, schedule_fn: ScheduleLike) -> Update:
         """Multiplies updates by ``schedule_fn(count)``. See :func:`updax.scale_by_schedule`."""
-    def scale_by_shape(self) -> Update:
+    def scale_by_shape(self, weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
         """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer). See
         :func:`updax.scale_by_shape`."""
     def scale_by_sign(self) -> Update:
         """Replaces each update by its sign (signSGD; after an EMA, signum). See :func:`updax.scale_by_sign`."""
+    def scale_by_simplified_ademamix(
+        self,
+        b1: ScalarOrSchedule = 0.99,
+        b2: ScalarOrSchedule = 0.95,
+        alpha: ScalarOrSchedule = 0.0,
+        eps: ScalarOrSchedule = 1e-08,
+        eps_root: ScalarOrSchedule = 0.0,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by simplified AdEMAMix: an undamped momentum plus ``alpha`` times the update. See
+        :func:`updax.scale_by_simplified_ademamix`."""
     def scale_by_sm3(
         self,
         b1: ScalarOrSchedule = 0.9,
@@ -394,6 +566,21 @@ class Update:
     ) -> Update:
         """Scales updates by Yogi: Adam with an additive, sign-controlled second moment. See
         :func:`updax.scale_by_yogi`."""
+    def scale_by_zoom_linesearch(
+        self,
+        max_linesearch_steps: int,
+        max_learning_rate: float | None = None,
+        tol: float = 0.0,
+        increase_factor: float = 2.0,
+        slope_rtol: float = 0.0001,
+        curv_rtol: float = 0.9,
+        approx_dec_rtol: float | None = 1e-06,
+        stepsize_precision: float = 1e-05,
+        initial_guess_strategy: str = 'keep',
+        objective: Callable[..., Any] | None = None,
+    ) -> Update:
+        """Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
+        See :func:`updax.scale_by_zoom_linesearch`."""
     def schedule_free(
         self,
         learning_rate: ScalarOrSchedule,
@@ -420,6 +607,7 @@ class Update:
         static: Iterable[str] = ...,
         schedulable: Iterable[str] = ...,
         wraps: str | None = None,
+        per_example: bool = False,
     ) -> Update:
         """A stage with state. See :func:`updax.stateful`."""
     def stateless(
@@ -431,6 +619,7 @@ class Update:
         needs_params: bool = False,
         static: Iterable[str] = ...,
         schedulable: Iterable[str] = ...,
+        per_example: bool = False,
     ) -> Update:
         """A stage without state. See :func:`updax.stateless`."""
     def swa(self, start: int = 1, period: int = 1, *, accumulator_dtype: DType = None) -> Update:

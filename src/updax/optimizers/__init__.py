@@ -20,9 +20,14 @@ from updax.optimizers._adam import (
     schedule_free_adamw,
     yogi,
 )
+from updax.optimizers._adam_variants import ademamix, adopt, simplified_ademamix
 from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
+from updax.optimizers._lbfgs import lbfgs
+from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
+from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon
+from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._sgd import noisy_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
@@ -32,6 +37,10 @@ __all__ = [
     "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
     # what users reach for today
     "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "muon", "nadam",
-    "nadamw", "novograd",
+    "lbfgs",
+    "nadamw", "novograd", "optimistic_adam", "optimistic_gradient_descent",
+    "ademamix", "adopt", "simplified_ademamix",
+    "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
+    "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
 ]

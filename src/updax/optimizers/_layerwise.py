@@ -119,7 +119,8 @@ def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6) -> 
 
 
 def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25,
-             eps: ScalarOrSchedule = 1e-6, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0) -> Update:
+             eps: ScalarOrSchedule = 1e-6, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
+             mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """NovoGrad: momentum of updates normalised by a layer-wise second moment.
 
     Pipeline: ``scale_by_novograd(b1, b2, eps, eps_root, decay) |> scale_by_learning_rate(lr)``.
@@ -131,6 +132,9 @@ def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         eps: added to the denominator (optax's alias default). Default: ``1e-06``.
         eps_root: added inside the square root. Default: ``0.0``.
         decay: weight decay inside the normalised step. Default: ``0.0``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
 
     Returns:
         An update object.
@@ -144,5 +148,5 @@ def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive
         Moments for Training of Deep Networks", 2019. https://arxiv.org/abs/1905.11286
     """
-    return scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                             decay=decay).scale_by_learning_rate(learning_rate)
+    return scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root, decay=decay,
+                             mask=mask).scale_by_learning_rate(learning_rate)

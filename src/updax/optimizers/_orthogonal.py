@@ -1,19 +1,51 @@
-"""Muon: orthogonalised momentum for the matrices, (N)AdamW for the other leaves."""
+"""Muon: orthogonalised momentum for the matrices (or batches of them), (N)AdamW for the other leaves."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from updax._options import format_value
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates import partition, scale_by_adam, scale_by_muon, scale_by_nadam
+from updax.updates._muon_dims import dimension_numbers, is_spec, leaf_axes
 
 
 def _muon_groups(params):
     return jax.tree.map(lambda p: "muon" if jnp.ndim(p) == 2 else "adam", params)
+
+
+def _group_of(spec):
+    return "adam" if spec is None else "muon"
+
+
+@dataclasses.dataclass(frozen=True)
+class _MuonGroups:
+    """The labels a function of the params giving dimension numbers implies: leaves with them are "muon"."""
+
+    weight_dimension_numbers: Callable[[PyTree], PyTree]
+
+    def __call__(self, params: PyTree) -> PyTree:
+        axes = leaf_axes("muon", self.weight_dimension_numbers, params)
+        return jax.tree.structure(params).unflatten([_group_of(a) for a in axes])
+
+    def __repr__(self) -> str:
+        return f"muon_groups({format_value(self.weight_dimension_numbers)})"
+
+
+def _labels(weight_dimension_numbers: Any) -> Any:
+    """The partition's labels: 2-D leaves by default, else the leaves that have dimension numbers (a tree of
+    labels, a prefix where the dimension numbers are one, or a function of the params)."""
+    if weight_dimension_numbers is None:
+        return _muon_groups
+    if callable(weight_dimension_numbers) and not is_spec(weight_dimension_numbers):
+        return _MuonGroups(weight_dimension_numbers)
+    return jax.tree.map(_group_of, weight_dimension_numbers, is_leaf=is_spec)
 
 
 def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
@@ -21,14 +53,18 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
          *, nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
          adam_b2: ScalarOrSchedule = 0.999, adam_eps_root: ScalarOrSchedule = 0.0, adam_decay: ScalarOrSchedule = 0.0,
          adam_learning_rate: ScalarOrSchedule | None = None, mask: PyTree | Callable[[PyTree],
-         PyTree] | None = None) -> Update:
+         PyTree] | None = None, adaptive: bool = False,
+         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
     Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
     |> scale_by_learning_rate(lr), "adam": scale_by_nadam(...) |> add_decayed_weights(adam_decay)
     |> scale_by_learning_rate(adam_lr)}, labels)`` with 2-D leaves labelled
     ``"muon"`` (input dimension first) and the rest ``"adam"`` (plain Adam
-    when ``nesterov=False``).
+    when ``nesterov=False``). With ``weight_dimension_numbers`` the leaves
+    that have dimension numbers are ``"muon"`` (batches of matrices, e.g.
+    stacked layers) and those with None are ``"adam"``; ``scale_by_muon``
+    and ``scale_by_shape`` take the same dimension numbers.
 
     Args:
         learning_rate: a number or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
@@ -49,6 +85,14 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
             ``adam_decay`` for the others): a pytree of bools shaped like the
             params (or a prefix of it), or a function of the params returning
             one; None decays every leaf. Default: ``None``.
+        adaptive: scale each orthogonalised matrix by ``⟨m̂, u⟩``, about the
+            nuclear norm of the momentum (see :func:`updax.scale_by_muon`).
+            Default: ``False``.
+        weight_dimension_numbers: which leaves get Muon and which of their
+            axes form the matrix: a pytree of :class:`MuonDimensionNumbers`
+            (Muon) or None (Adam) shaped like the params or a prefix of them,
+            or a function of the params returning one; None gives Muon to the
+            leaves with two axes. Default: ``None``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -57,16 +101,23 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
         >>> import updax as ux
         >>> sorted(ux.optimizers.muon().stages[0].option("transforms"))
         ['adam', 'muon']
+        >>> stacked = {"layers": ux.MuonDimensionNumbers(1, 2), "bias": None}  # layers of shape (depth, in, out)
+        >>> ux.optimizers.muon(weight_dimension_numbers=stacked).stages[0].option("labels")
+        {'bias': 'adam', 'layers': 'muon'}
 
     References:
         Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024. https://kellerjordan.github.io/posts/muon/
+        networks", 2024. https://kellerjordan.github.io/posts/muon/;
+        Bernstein & Newhouse, "Old Optimizer, New Norm: An Anthology", 2024.
+        https://arxiv.org/abs/2409.20325
     """
     adam_learning_rate = learning_rate if adam_learning_rate is None else adam_learning_rate
+    dims = dimension_numbers("muon", weight_dimension_numbers)
     matrices = (scale_by_muon(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov,
-                              mu_dtype=mu_dtype)
-                .scale_by_shape().add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                              mu_dtype=mu_dtype, adaptive=adaptive, weight_dimension_numbers=dims)
+                .scale_by_shape(weight_dimension_numbers=dims)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
     adam_like = scale_by_nadam if nesterov else scale_by_adam
     others = (adam_like(b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root, mu_dtype=mu_dtype)
               .add_decayed_weights(decay=adam_decay, mask=mask).scale_by_learning_rate(adam_learning_rate))
-    return partition({"muon": matrices, "adam": others}, _muon_groups)
+    return partition({"muon": matrices, "adam": others}, _labels(dims))

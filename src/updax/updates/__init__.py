@@ -20,6 +20,11 @@ from updax.updates._adam import (
     scale_by_radam,
     scale_by_yogi,
 )
+from updax.updates._adam_variants import (
+    scale_by_ademamix,
+    scale_by_adopt,
+    scale_by_simplified_ademamix,
+)
 from updax.updates._averaging import (
     averaged_params,
     ema_params,
@@ -27,12 +32,33 @@ from updax.updates._averaging import (
     schedule_free_eval_params,
     swa,
 )
-from updax.updates._clipping import centralize, clip, clip_by_global_norm, global_norm
+from updax.updates._clipping import adaptive_grad_clip, centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._factored import clip_by_block_rms, scale_by_factored_rms, scale_by_param_block_rms, scale_by_sm3
 from updax.updates._layerwise import scale_by_novograd, scale_by_trust_ratio
+from updax.updates._lbfgs import scale_by_lbfgs
+from updax.updates._linesearch import (
+    scale_by_backtracking_linesearch,
+    scale_by_zoom_linesearch,
+    value_and_grad_from_state,
+)
 from updax.updates._masking import freeze, masked, partition
+from updax.updates._lr_free import (
+    mechanize,
+    scale_by_cocob,
+    scale_by_dadapt_adamw,
+    scale_by_dog,
+    scale_by_dowg,
+    scale_by_polyak,
+    scale_by_prodigy,
+)
 from updax.updates._moving_averages import ema, sma, weighted_moving_average
+from updax.updates._muon_dims import MuonDimensionNumbers
 from updax.updates._noise_decay import add_decayed_weights, add_noise
+from updax.updates._privacy import (
+    differentially_private_aggregate,
+    per_example_clipped_sum,
+    per_example_global_norm_clip,
+)
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_shape
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
@@ -45,9 +71,12 @@ from updax.updates._step_size import (
     scale_by_state,
 )
 from updax.updates._utilities import keep_params_nonnegative, snapshot, zero_nans
+from updax.updates._wrappers import lookahead, sam, scale_by_optimistic_gradient
 
 __all__ = [
+    "MuonDimensionNumbers",
     "accumulate_gradients",
+    "adaptive_grad_clip",
     "add_decayed_weights",
     "add_noise",
     "apply_if_finite",
@@ -59,6 +88,7 @@ __all__ = [
     "clip_by_global_norm",
     "combinator",
     "compose",
+    "differentially_private_aggregate",
     "ema",
     "ema_params",
     "freeze",
@@ -66,24 +96,40 @@ __all__ = [
     "has_updated",
     "identity",
     "keep_params_nonnegative",
+    "lookahead",
     "masked",
+    "mechanize",
     "partition",
+    "per_example_clipped_sum",
+    "per_example_global_norm_clip",
     "reduce_on_plateau",
+    "sam",
     "scale",
     "scale_by_adadelta",
     "scale_by_adam",
     "scale_by_adamax",
     "scale_by_adan",
+    "scale_by_ademamix",
+    "scale_by_adopt",
     "scale_by_amsgrad",
+    "scale_by_backtracking_linesearch",
     "scale_by_belief",
+    "scale_by_cocob",
+    "scale_by_dadapt_adamw",
+    "scale_by_dog",
+    "scale_by_dowg",
     "scale_by_factored_rms",
+    "scale_by_lbfgs",
     "scale_by_learning_rate",
     "scale_by_lion",
     "scale_by_muon",
     "scale_by_nadam",
     "scale_by_newton_schulz",
     "scale_by_novograd",
+    "scale_by_optimistic_gradient",
     "scale_by_param_block_rms",
+    "scale_by_polyak",
+    "scale_by_prodigy",
     "scale_by_radam",
     "scale_by_rms",
     "scale_by_rprop",
@@ -91,11 +137,13 @@ __all__ = [
     "scale_by_schedule",
     "scale_by_shape",
     "scale_by_sign",
+    "scale_by_simplified_ademamix",
     "scale_by_sm3",
     "scale_by_state",
     "scale_by_stddev",
     "scale_by_trust_ratio",
     "scale_by_yogi",
+    "scale_by_zoom_linesearch",
     "schedule_free",
     "schedule_free_eval_params",
     "skip_large_updates",
@@ -106,6 +154,7 @@ __all__ = [
     "stateless",
     "swa",
     "trace",
+    "value_and_grad_from_state",
     "weighted_moving_average",
     "zero_nans",
 ]

@@ -135,3 +135,101 @@ def centralize() -> Update:
         Deep Neural Networks", ECCV 2020. https://arxiv.org/abs/2004.01461
     """
     return stateless(_apply_centralize, name="centralize")
+
+
+def _unit_axes(call, where, x, axis):
+    """The axes each unit's norm sums over in leaf ``x``: None for the whole leaf (scalars and vectors)."""
+    if axis is not None and x.ndim >= 2:
+        if any(not -x.ndim <= a < x.ndim for a in axis):
+            raise ValueError(f"{call}(axis={axis!r}): {where} has shape {x.shape}, which has no axis "
+                             f"{next(a for a in axis if not -x.ndim <= a < x.ndim)}")
+        return tuple(sorted({a % x.ndim for a in axis}))
+    if axis is not None or sum(n != 1 for n in x.shape) <= 1:
+        return None
+    defaults = {2: (0,), 3: (0,), 4: (0, 1, 2), 5: (0, 1, 2, 3)}
+    if x.ndim not in defaults:
+        raise ValueError(f"{call}: {where} has shape {x.shape}; the units of a leaf of rank {x.ndim} are not "
+                         "known: give axis=, the axes a unit's norm sums over")
+    return defaults[x.ndim]
+
+
+def _apply_adaptive_grad_clip(updates, params, *, clipping, eps, axis):
+    call = "adaptive_grad_clip"
+
+    def leaf(where, g, p):
+        axes = _unit_axes(call, f"params{jax.tree_util.keystr(where)}", p, axis)
+        c = _tree.compute_dtype(g.dtype, p.dtype)
+        g_norm = safe_sqrt(jnp.sum(abs_sq(g.astype(c)), axis=axes, keepdims=True))
+        p_norm = safe_sqrt(jnp.sum(abs_sq(p.astype(c)), axis=axes, keepdims=True))
+        bound = clipping * jnp.maximum(p_norm, eps)
+        within = g_norm < bound
+        # Double where: the branch not taken divides by 1 (a zero norm is within any bound but 0, where 0·g = g).
+        factor = jnp.where(within, 1.0, bound / jnp.where(within | (g_norm == 0), 1.0, g_norm))
+        return (g.astype(c) * factor.astype(c)).astype(g.dtype)
+
+    _tree.check_same_structure(call, updates, params, "updates", "params")
+    return jax.tree_util.tree_map_with_path(leaf, updates, params)
+
+
+def _check_axis(call, axis):
+    """None, an int, or a non-empty sequence of distinct ints (kept as a tuple)."""
+    axes = (axis,) if isinstance(axis, int) else axis
+    if axis is None:
+        return None
+    if (not isinstance(axes, (tuple, list)) or not axes or len(set(axes)) != len(axes)
+            or any(isinstance(a, bool) or not isinstance(a, int) for a in axes)):
+        check.fail(call, "axis", axis, "must be None, an int or a non-empty tuple of distinct ints", TypeError)
+    return tuple(axes)
+
+
+@combinator
+def adaptive_grad_clip(clipping: ScalarOrSchedule, eps: ScalarOrSchedule = 1e-3,
+                       axis: int | tuple[int, ...] | None = None) -> Update:
+    """Clips each unit's update to at most ``clipping`` times its parameters' norm (AGC).
+
+    Update rule, per unit ``i`` (a slice of a leaf: one output unit's weights)::
+
+        u_i ← u_i · clipping · max(‖p_i‖, eps) / ‖u_i‖   if ‖u_i‖ ≥ clipping · max(‖p_i‖, eps)
+        u_i ← u_i                                        otherwise
+
+    With ``axis`` None a unit is, as in the paper's code and optax: the
+    whole leaf for scalars and vectors (leaves with at most one axis longer
+    than 1), a column for matrices and rank-3 leaves (the norm sums over
+    axis 0, the fan-in of an ``(in, out)`` kernel), the last axis' slices for
+    rank-4 and rank-5 convolution kernels (HWIO, DHWIO). Unlike optax, a
+    zero norm is divided by exactly (optax divides by at least 1e-6, which
+    clips an update with a norm below 1e-6 too hard).
+
+    Args:
+        clipping: the largest ratio of a unit's update norm to its parameter
+            norm, >= 0 (the paper uses 0.01 to 0.16, smaller for larger
+            batches). No default.
+        eps: the smallest parameter norm used, so that zero-initialised
+            units can move, >= 0. Default: ``0.001``.
+        axis: the axes a unit's norm sums over in leaves of rank >= 2 (an
+            int or a tuple of ints, negative counting from the end); scalars
+            and vectors are one unit each. None infers them from the rank as
+            above. Default: ``None``.
+
+    Returns:
+        A stateless update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.adaptive_grad_clip(clipping=0.1)
+        >>> params = {"w": jnp.array([[3.0, 1.0], [4.0, 0.0]])}  # column norms 5 and 1
+        >>> grads = {"w": jnp.array([[0.0, 0.3], [1.0, 0.4]])}   # column norms 1 and 0.5
+        >>> opt.update(grads, opt.init(params), params)[0]["w"]   # to 0.5 and 0.1
+        Array([[0.        , 0.06      ],
+               [0.5       , 0.08000001]], dtype=float32)
+
+    References:
+        Brock et al., "High-Performance Large-Scale Image Recognition Without
+        Normalization", ICML 2021. https://arxiv.org/abs/2102.06171
+    """
+    call = "adaptive_grad_clip"
+    options = {"clipping": check.nonnegative(call, "clipping", clipping), "eps": check.nonnegative(call, "eps", eps),
+               "axis": _check_axis(call, axis)}
+    return stateless(_apply_adaptive_grad_clip, name=call, options=options, needs_params=True, static=("axis",),
+                     schedulable=("clipping", "eps"))

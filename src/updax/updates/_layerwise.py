@@ -17,7 +17,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._masking import leafwise
+from updax.updates._masking import leaf_mask, leafwise
 from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
 
 
@@ -88,25 +88,30 @@ def _init_scale_by_novograd(params, *, mu_dtype):
     return ScaleByNovogradState(mu=_tree.accumulators(params, mu_dtype), nu=nu, count=_tree.zero_count())
 
 
-def _apply_scale_by_novograd(updates, state, params, *, b1, b2, eps, eps_root, decay):
+def _apply_scale_by_novograd(updates, state, params, *, b1, b2, eps, eps_root, decay, mask):
+    call = "scale_by_novograd"
     count = _tree.safe_increment(state.count)
     # The first step sets both moments from the step itself rather than decaying zeros.
     first = count == 1
     b1_t, b2_t = jnp.where(first, 0.0, b1), jnp.where(first, 0.0, b2)
 
-    def leaf(g, m, v, p=None):
+    def leaf(g, m, v, p=None, rate=decay):
         d1, d2 = b1_t.astype(g.dtype), b2_t.astype(g.dtype)
         v = d2 * v + (1 - d2) * jnp.sum(abs_sq(g))
         step = g / (safe_sqrt(v + eps_root) + eps)
         if p is not None:
-            step = step + decay * p
+            step = step + rate * p
         m = d1 * m + step
         return m, m, v
 
     trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
     if params is not None:
         trees, names = trees + (params,), names + ("params",)
-    u, mu, nu = per_leaf("scale_by_novograd", leaf, trees, names, n_out=3)
+        if mask is not None:  # each leaf's own rate: decay where the mask selects it, else 0
+            rates = [jnp.where(selected, decay, 0.0).astype(_tree.compute_dtype(jnp.asarray(p).dtype))
+                     for selected, p in zip(leaf_mask(call, mask, params), jax.tree.leaves(params))]
+            trees, names = trees + (jax.tree.structure(params).unflatten(rates),), names + ("decay",)
+    u, mu, nu = per_leaf(call, leaf, trees, names, n_out=3)
     return u, ScaleByNovogradState(mu=mu, nu=nu, count=count)
 
 
@@ -118,7 +123,7 @@ def _is_zero(value) -> bool:
 @combinator
 def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, eps: ScalarOrSchedule = 1e-8,
                       eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
-                      mu_dtype: DType = None) -> Update:
+                      mu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment.
 
     Update rule, per leaf (layer) ``l``; on the first step ``v`` and ``m``
@@ -127,6 +132,8 @@ def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, e
         v_l ← b2·v_l + (1-b2)·‖g_l‖²                      (a scalar per leaf)
         m_l ← b1·m_l + g_l / (sqrt(v_l + eps_root) + eps) + decay·p_l
         u_l = m_l
+
+    (``decay·p_l`` on the leaves ``mask`` selects.)
 
     Args:
         b1: decay of the momentum, in [0, 1) (optax's default; the paper tunes
@@ -141,6 +148,9 @@ def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, e
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. ``nu`` holds one scalar per leaf, at least float32.
             Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params
+            (or a prefix of it), or a function of the params returning one;
+            None decays every leaf. Default: ``None``.
 
     Returns:
         An update object with state ``ScaleByNovogradState(mu, nu, count)``.
@@ -162,6 +172,6 @@ def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, e
     options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
                    eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
                    decay=check.real(call, "decay", decay),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype), mask=check.mask(call, "mask", mask))
     return stateful(_init_scale_by_novograd, _apply_scale_by_novograd, name=call, options=options,
                     needs_params=not _is_zero(options["decay"]), schedulable=("b1", "b2", "eps", "eps_root", "decay"))

@@ -51,6 +51,15 @@ def leafwise(call, fn, mask, updates, params, other=None):
     return jax.tree.map(lambda m, u, x: fn(u, x) if m else u, mask, updates, other)
 
 
+def leaf_mask(call, mask, params):
+    """Per leaf of ``params`` (in flattening order): whether ``mask`` selects it (every leaf when it is None).
+    For a kernel that loops over the leaves itself; ``mask`` as in :func:`leafwise`."""
+    treedef = jax.tree.structure(params)
+    if mask is None:
+        return [True] * treedef.num_leaves
+    return [bool(m) for m in treedef.flatten_up_to(_resolve(call, mask, params, "mask"))]
+
+
 def _select(tree, labels, keep):
     """``tree`` with the leaves whose label fails ``keep`` replaced by None (an empty subtree: no state)."""
     return jax.tree.map(lambda x, label: x if keep(label) else None, tree, labels)

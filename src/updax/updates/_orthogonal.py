@@ -1,7 +1,12 @@
-"""Orthogonalised updates: Muon's Newton–Schulz iteration, Muon itself, and its shape scaling."""
+"""Orthogonalised updates: Muon's Newton–Schulz iteration, Muon itself, and its shape scaling.
+
+Each takes ``weight_dimension_numbers`` (see ``_muon_dims.py``): which leaves are matrices, and
+which of their axes are rows, columns and batch.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -11,9 +16,10 @@ from updax import _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
-from updax._typing import DType, ScalarOrSchedule
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, moment, per_leaf, real_only, safe_sqrt
+from updax.updates._kernels import abs_sq, moment, real_only, safe_sqrt, scaled
+from updax.updates._muon_dims import dimension_numbers, fans, leaf_axes, on_matrices
 
 # The quintic Newton–Schulz coefficients of Muon (Jordan et al., 2024).
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -42,43 +48,53 @@ def _check_ns_steps(call, ns_steps):
 
 
 def _newton_schulz(x, ns_coeffs, ns_steps, eps):
-    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on a matrix, from ``x / (‖x‖_F + eps)``.
-
-    A matrix sharded over a mesh is gathered first (its products contract the sharded axes) and split as it
-    was at the end.
-    """
-    sharded, x = x, _tree.place_like(x, x, dims=(None, None))
+    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on each matrix of a batch ``(..., m, n)``, from
+    ``x / (‖x‖_F + eps)``. (On a mesh, :func:`on_matrices` gathers the matrix axes first: the products contract
+    them.)"""
     a, b, c = (jnp.asarray(k, x.dtype) for k in ns_coeffs)
-    tall = x.shape[0] > x.shape[1]
+    tall = x.shape[-2] > x.shape[-1]
     if tall:  # the iteration commutes with transposition: work with the smaller Gram matrix
-        x = x.T
-    x = x / (safe_sqrt(jnp.sum(abs_sq(x))) + eps)  # jnp.linalg.norm(x), with a finite gradient at x = 0
+        x = jnp.swapaxes(x, -1, -2)
+    # jnp.linalg.norm of each matrix, with a finite gradient at x = 0
+    x = x / (safe_sqrt(jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)) + eps)
     for _ in range(ns_steps):
-        gram = x @ x.T
+        gram = x @ jnp.swapaxes(x, -1, -2)
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return _tree.place_like(x.T if tall else x, sharded)
+    return jnp.swapaxes(x, -1, -2) if tall else x
 
 
-def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps):
-    real_only("scale_by_newton_schulz", updates)
+def _dual_scaled(m, o):
+    """``⟨m, o⟩·o`` for each matrix of a batch: with ``o ≈ UVᵀ`` of ``m = USVᵀ``, the nuclear norm of ``m``
+    (the spectral norm's dual) times ``o``."""
+    return jnp.sum(m * o, axis=(-2, -1), keepdims=True) * o
 
-    def leaf(g):
-        if g.ndim != 2:
+
+def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, weight_dimension_numbers=None):
+    call = "scale_by_newton_schulz"
+    real_only(call, updates)
+    leaves, treedef = jax.tree.flatten(updates)
+
+    def leaf(g, axes):
+        if axes is None:
             return g
-        return _newton_schulz(g.astype(_tree.compute_dtype(g.dtype)), ns_coeffs, ns_steps, eps).astype(g.dtype)
+        c = _tree.compute_dtype(g.dtype)
+        return on_matrices(lambda x: _newton_schulz(x, ns_coeffs, ns_steps, eps), g.astype(c), axes).astype(g.dtype)
 
-    return jax.tree.map(leaf, updates)
+    axes = leaf_axes(call, weight_dimension_numbers, updates, params)
+    return treedef.unflatten([leaf(g, a) for g, a in zip(leaves, axes)])
 
 
 @combinator
 def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
-                           eps: ScalarOrSchedule = 1e-8) -> Update:
+                           eps: ScalarOrSchedule = 1e-8, *,
+                           weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
 
-    Update rule, for a leaf with two axes (other leaves pass unchanged), with
-    ``(a, b, c) = ns_coeffs``; a leaf with more rows than columns is
-    transposed first and back after, as the iteration commutes with
-    transposition::
+    Update rule, for each matrix ``u`` (a leaf with two axes, or each matrix
+    of a leaf that ``weight_dimension_numbers`` makes a batch of them; other
+    leaves pass unchanged), with ``(a, b, c) = ns_coeffs``; a matrix with
+    more rows than columns is transposed first and back after, as the
+    iteration commutes with transposition::
 
         X ← u / (‖u‖_F + eps)
         X ← a·X + (b·XXᵀ + c·(XXᵀ)²)·X      (ns_steps times);   u = X
@@ -93,6 +109,14 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
         ns_steps: the number of iterations, an integer in [1, 100] (each is
             unrolled into the compiled step). Default: ``5``.
         eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
+        weight_dimension_numbers: which leaves are matrices and which of
+            their axes: a pytree of :class:`MuonDimensionNumbers` or None (not
+            a matrix) shaped like the updates or a prefix of them, or a
+            function of the params returning one. A leaf with dimension numbers
+            is a batch of matrices (its reduction axes are the rows, its output
+            axes the columns, the other axes index the batch), each
+            orthogonalised on its own. None makes every leaf with two axes a
+            matrix. Default: ``None``.
 
     Returns:
         A stateless update object.
@@ -116,10 +140,11 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
     """
     call = "scale_by_newton_schulz"
     options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
-                   eps=check.nonnegative(call, "eps", eps))
-    # The number of iterations unrolls into the compiled step: structure, not data.
-    return stateless(_apply_scale_by_newton_schulz, name=call, options=options, static=("ns_steps",),
-                     schedulable=("eps",))
+                   eps=check.nonnegative(call, "eps", eps),
+                   weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers))
+    # The number of iterations unrolls into the compiled step, and the axes shape it: structure, not data.
+    return stateless(_apply_scale_by_newton_schulz, name=call, options=options,
+                     static=("ns_steps", "weight_dimension_numbers"), schedulable=("eps",))
 
 
 # --------------------------------------------------------------------------
@@ -130,37 +155,61 @@ def _init_scale_by_muon(params, *, mu_dtype):
     return ScaleByMuonState(mu=_tree.accumulators(params, mu_dtype), count=_tree.zero_count())
 
 
-def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov):
-    real_only("scale_by_muon", updates)
+def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov, adaptive=None,
+                         weight_dimension_numbers=None):
+    call = "scale_by_muon"
+    real_only(call, updates)
+    _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
     count = _tree.safe_increment(state.count)
     t = _tree.float_count(count)
     correction, next_correction = 1 - beta**t, 1 - beta ** (t + 1)
 
-    def leaf(g, m):
-        m = moment(beta, m, g)
-        if nesterov:
-            m_hat = beta * m / next_correction.astype(g.dtype) + (1 - beta) * g / correction.astype(g.dtype)
-        else:
-            m_hat = m / correction.astype(g.dtype)
-        return (_newton_schulz(m_hat, ns_coeffs, ns_steps, eps) if g.ndim == 2 else m_hat), m
+    def orthogonalised(m_hat):
+        o = _newton_schulz(m_hat, ns_coeffs, ns_steps, eps)
+        return _dual_scaled(m_hat, o) if adaptive else o
 
-    u, mu = per_leaf("scale_by_muon", leaf, (updates, state.mu), ("updates", "state.mu"))
-    return u, ScaleByMuonState(mu=mu, count=count)
+    def leaf(g, m, axes):  # in the compute dtype (at least float32); stored in g's and m's dtypes
+        c = _tree.compute_dtype(g.dtype, m.dtype)
+        x, m_new = g.astype(c), moment(beta, m.astype(c), g.astype(c))
+        if nesterov:
+            m_hat = beta * m_new / next_correction.astype(c) + (1 - beta) * x / correction.astype(c)
+        else:
+            m_hat = m_new / correction.astype(c)
+        u = m_hat if axes is None else on_matrices(orthogonalised, m_hat, axes)
+        return u.astype(g.dtype), m_new.astype(m.dtype)
+
+    leaves, treedef = jax.tree.flatten(updates)
+    axes = leaf_axes(call, weight_dimension_numbers, updates, params)
+    out = [leaf(g, m, a) for g, m, a in zip(leaves, treedef.flatten_up_to(state.mu), axes)]
+    return (treedef.unflatten([u for u, _ in out]),
+            ScaleByMuonState(mu=treedef.unflatten([m for _, m in out]), count=count))
 
 
 @combinator
 def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
                   beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, nesterov: bool = True, *,
-                  mu_dtype: DType = None) -> Update:
+                  mu_dtype: DType = None, adaptive: bool = False,
+                  weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
 
     Update rule (t counts from 1), then :func:`scale_by_newton_schulz` on
-    each leaf with two axes; other leaves get the momentum alone::
+    each matrix (a leaf with two axes, or each matrix of a leaf that
+    ``weight_dimension_numbers`` makes a batch of them); other leaves get the
+    momentum alone::
 
         m ← beta·m + (1-beta)·g
         m̂ = beta·m/(1-beta^(t+1)) + (1-beta)·g/(1-beta^t)    (nesterov=True)
         m̂ = m/(1-beta^t)                                      (nesterov=False)
         u = NewtonSchulz(m̂)
+        u = ⟨m̂, u⟩·u                                          (adaptive=True)
+
+    With ``adaptive=True`` each orthogonalised matrix is scaled by
+    ``⟨m̂, u⟩ = trace(m̂ᵀu)``, about the nuclear norm of ``m̂`` (the dual of
+    the spectral norm): the steepest-descent step of Bernstein & Newhouse,
+    as optax's ``adaptive=True``. Each matrix of a batch gets its own
+    ``⟨m̂, u⟩``, as a leaf of its own would; optax 0.2.8 takes one sum over
+    the whole leaf, batch axes included, so that stacking layers changes
+    their steps (they agree on leaves with two axes).
 
     Args:
         ns_coeffs: the quintic's coefficients ``(a, b, c)``.
@@ -172,6 +221,13 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
         nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
+        adaptive: scale each orthogonalised matrix by ``⟨m̂, u⟩``; it prints
+            only when True. Default: ``False``.
+        weight_dimension_numbers: which leaves are matrices and which of
+            their axes, as in :func:`scale_by_newton_schulz`: a pytree of
+            :class:`MuonDimensionNumbers` or None, or a function of the params
+            returning one; None makes every leaf with two axes a matrix.
+            Default: ``None``.
 
     Returns:
         An update object with state ``ScaleByMuonState(mu, count)``.
@@ -198,33 +254,49 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
     options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
                    beta=check.unit(call, "beta", beta), eps=check.nonnegative(call, "eps", eps),
                    nesterov=check.flag(call, "nesterov", nesterov),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
-    return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options, static=("ns_steps",),
-                    schedulable=("beta", "eps"))
+                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
+                   # stored as None when False: an option left at None is not printed, so the pipelines written
+                   # before it existed print and compare as they did
+                   adaptive=check.flag(call, "adaptive", adaptive) or None,
+                   weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers))
+    return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options,
+                    static=("ns_steps", "weight_dimension_numbers"), schedulable=("beta", "eps"))
 
 
 # --------------------------------------------------------------------------
 # Muon's width transfer
 
 
-def _shape_scale(g):
-    if g.ndim != 2 or g.size == 0:  # (a zero-size matrix has nothing to scale, and fan_in may be 0)
+def _shape_scale(g, axes):
+    if axes is None:
         return g
-    fan_in, fan_out = g.shape
-    c = _tree.compute_dtype(g.dtype)
-    return (g.astype(c) * max(1.0, fan_out / fan_in) ** 0.5).astype(g.dtype)
+    fan_in, fan_out = fans(g, axes)
+    if fan_in == 0 or g.size == 0:  # (a zero-size matrix has nothing to scale, and fan_in may be 0)
+        return g
+    return scaled(g, max(1.0, fan_out / fan_in) ** 0.5)
 
 
-def _apply_scale_by_shape(updates, params):
-    return jax.tree.map(_shape_scale, updates)
+def _apply_scale_by_shape(updates, params, *, weight_dimension_numbers=None):
+    leaves, treedef = jax.tree.flatten(updates)
+    axes = leaf_axes("scale_by_shape", weight_dimension_numbers, updates, params)
+    return treedef.unflatten([_shape_scale(g, a) for g, a in zip(leaves, axes)])
 
 
 @combinator
-def scale_by_shape() -> Update:
+def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
 
     Update rule: ``u ← u·sqrt(max(1, n/m))`` for a 2-D leaf of shape
-    ``(m, n)`` (input dimension first); other leaves pass unchanged.
+    ``(m, n)`` (input dimension first); other leaves pass unchanged. With
+    ``weight_dimension_numbers``, ``m`` is the size of a leaf's reduction
+    axes and ``n`` of its output axes (one factor for the whole batch).
+
+    Args:
+        weight_dimension_numbers: which leaves are matrices and which of
+            their axes, as in :func:`scale_by_newton_schulz`: a pytree of
+            :class:`MuonDimensionNumbers` or None, or a function of the params
+            returning one; None makes every leaf with two axes a matrix.
+            Default: ``None``.
 
     Returns:
         A stateless update object.
@@ -241,4 +313,6 @@ def scale_by_shape() -> Update:
         networks", 2024 (the shape factor of Muon's update), as applied by
         optax.contrib.muon.
     """
-    return stateless(_apply_scale_by_shape, name="scale_by_shape")
+    call = "scale_by_shape"
+    return stateless(_apply_scale_by_shape, name=call, static=("weight_dimension_numbers",),
+                     options=dict(weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers)))

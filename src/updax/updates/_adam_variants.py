@@ -1,0 +1,284 @@
+"""Recent variants of Adam: ADOPT, AdEMAMix and simplified AdEMAMix.
+
+ADOPT normalises each update by the second moment of the *previous*
+updates before averaging it; AdEMAMix adds a slow EMA of the updates to
+Adam's fast one; simplified AdEMAMix replaces both by one undamped sum of
+the updates plus a multiple of the current one. Defaults are the papers' or
+optax's (``optax.contrib``); each docstring says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful
+from updax._typing import DType, ScalarOrSchedule
+from updax._update import Update
+from updax.updates._adam import ScaleByAdamState, _adam_like_init
+from updax.updates._kernels import abs_sq, bias_corrections, moment, per_leaf, safe_sqrt
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByAdemamixState(NamedTuple):
+    """The fast EMA ``mu_fast`` and the slow EMA ``mu_slow`` of the updates, their second moment ``nu``,
+    steps taken ``count``."""
+
+    mu_fast: Any
+    mu_slow: Any
+    nu: Any
+    count: jax.Array
+
+
+def _dtypes(call, mu_dtype, nu_dtype):
+    return {"mu_dtype": check.float_dtype(call, "mu_dtype", mu_dtype),
+            "nu_dtype": check.float_dtype(call, "nu_dtype", nu_dtype)}
+
+
+# --------------------------------------------------------------------------
+# ADOPT
+
+
+def _clipped(x, bound):
+    """``x`` clipped to ``[-bound, bound]``; a complex ``x`` keeps its phase and has its modulus clipped."""
+    if not jnp.iscomplexobj(x):
+        return jnp.clip(x, -bound, bound)
+    size = jnp.abs(x)
+    over = size > bound
+    return jnp.where(over, x * (bound / jnp.where(over, size, 1.0)), x)
+
+
+def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=None, nesterov, use_clipping):
+    first = state.count == 0  # the first call only sets v = g²
+    if use_clipping and clip_value is None:
+        clip_value = _tree.float_count(state.count) ** 0.25
+
+    def leaf(g, m, v):
+        g2 = abs_sq(g)
+        scale = jnp.maximum(safe_sqrt(v.real if jnp.iscomplexobj(v) else v), eps)
+        normed = g / jnp.where(first, 1.0, scale)
+        if use_clipping:
+            normed = _clipped(normed, clip_value)
+        m = jnp.where(first, m, moment(b1, m, normed))
+        u = moment(b1, m, normed) if nesterov else m
+        return jnp.where(first, 0.0, u), m, jnp.where(first, g2, moment(b2, v, g2))
+
+    u, mu, nu = per_leaf("scale_by_adopt", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
+
+
+@combinator
+def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, eps: ScalarOrSchedule = 1e-6,
+                   clip_value: ScalarOrSchedule | None = None, *, mu_dtype: DType = None, nu_dtype: DType = None,
+                   nesterov: bool = False, use_clipping: bool = True) -> Update:
+    """Scales updates by ADOPT: momentum of the updates normalised by the previous second moment.
+
+    Update rule, as in the paper (Algorithm 2, with the clipping of its
+    revised version); the first call only sets ``v = g²`` and returns
+    zeros, then for t = 1, 2, ...::
+
+        ĝ = clip(g / max(sqrt(v), eps), c_t),  c_t = t^(1/4)
+        m ← b1·m + (1-b1)·ĝ          v ← b2·v + (1-b2)·g²
+        u = m     (with ``nesterov``: u = b1·m + (1-b1)·ĝ)
+
+    ``v`` is the previous calls' second moment: the current update does not
+    enter its own normalisation. A complex ``ĝ`` has its modulus clipped.
+
+    Args:
+        b1: decay of the first moment, in [0, 1); the paper's. Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1); the paper's.
+            Default: ``0.9999``.
+        eps: the smallest normaliser ``max(sqrt(v), eps)``, >= 0; the paper's.
+            Default: ``1e-6``.
+        clip_value: the clipping bound ``c_t``, > 0, or a schedule of ``t``
+            (the calls before this one: 1 on the first update); None is the
+            paper's ``t^(1/4)``. Unused without ``use_clipping``.
+            Default: ``None``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+        nesterov: return the look-ahead ``b1·m + (1-b1)·ĝ`` instead of ``m``
+            (optax's option). Default: ``False``.
+        use_clipping: clip ``ĝ`` to ``[-c_t, c_t]``; False is the paper's
+            first, unclipped ADOPT. Default: ``True``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adopt(b1=0.5)
+        >>> state = opt.init({"w": jnp.zeros(2)})
+        >>> u, state = opt.update({"w": jnp.array([2.0, -4.0])}, state)
+        >>> u["w"]  # the first call sets v = g² only
+        Array([0., 0.], dtype=float32)
+        >>> u, state = opt.update({"w": jnp.array([1.0, -8.0])}, state)
+        >>> u["w"]  # ĝ = (0.5, -2) clipped to [-1, 1], halved
+        Array([ 0.25, -0.5 ], dtype=float32)
+
+    References:
+        Taniguchi et al., "ADOPT: Modified Adam Can Converge with Any β2 with
+        the Optimal Rate", NeurIPS 2024. https://arxiv.org/abs/2411.02853
+    """
+    call = "scale_by_adopt"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                   eps=check.nonnegative(call, "eps", eps),
+                   clip_value=None if clip_value is None else check.positive(call, "clip_value", clip_value),
+                   **_dtypes(call, mu_dtype, nu_dtype), nesterov=check.flag(call, "nesterov", nesterov),
+                   use_clipping=check.flag(call, "use_clipping", use_clipping))
+    return stateful(_adam_like_init, _apply_scale_by_adopt, name=call, options=options,
+                    schedulable=("b1", "b2", "eps", "clip_value"))
+
+
+# --------------------------------------------------------------------------
+# AdEMAMix
+
+
+def _init_scale_by_ademamix(params, *, mu_dtype, nu_dtype):
+    return ScaleByAdemamixState(mu_fast=_tree.accumulators(params, mu_dtype),
+                                mu_slow=_tree.accumulators(params, mu_dtype),
+                                nu=_tree.accumulators(params, nu_dtype), count=_tree.zero_count())
+
+
+def _apply_scale_by_ademamix(updates, state, params, *, b1, b2, b3, alpha, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def leaf(g, m1, m2, v):
+        m1, m2, v = moment(b1, m1, g), moment(b3, m2, g), moment(b2, v, abs_sq(g))
+        return (m1 / c1 + alpha * m2) / (safe_sqrt(v / c2 + eps_root) + eps), m1, m2, v
+
+    u, mu_fast, mu_slow, nu = per_leaf("scale_by_ademamix", leaf, (updates, state.mu_fast, state.mu_slow, state.nu),
+                                       ("updates", "state.mu_fast", "state.mu_slow", "state.nu"))
+    return u, ScaleByAdemamixState(mu_fast=mu_fast, mu_slow=mu_slow, nu=nu, count=count)
+
+
+@combinator
+def scale_by_ademamix(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, b3: ScalarOrSchedule = 0.9999,
+                      alpha: ScalarOrSchedule = 5.0, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0,
+                      *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+    """Scales updates by AdEMAMix: Adam's fast EMA plus ``alpha`` times a slow EMA of the updates.
+
+    Update rule, as in the paper (Algorithm 1; t counts from 1)::
+
+        m1 ← b1·m1 + (1-b1)·g        m2 ← b3·m2 + (1-b3)·g
+        v ← b2·v + (1-b2)·g²
+        u = (m̂1 + alpha·m2) / (sqrt(v̂ + eps_root) + eps),  m̂1 = m1/(1-b1^t),  v̂ = v/(1-b2^t)
+
+    The slow EMA ``m2`` is not bias-corrected: it fills slowly on purpose.
+    The paper warms ``alpha`` and ``b3`` up over its first steps; give them
+    as schedules, e.g. ``alpha=ux.schedules.linear_schedule(0.0, 5.0, T)``
+    (schedules get the steps taken before this one, from 0).
+
+    Args:
+        b1: decay of the fast EMA, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        b3: decay of the slow EMA, in [0, 1); the paper's. Default: ``0.9999``.
+        alpha: weight of the slow EMA, >= 0 (``optax.contrib.ademamix``'s;
+            ``scale_by_ademamix``'s is 6). Default: ``5.0``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0 (optax's default).
+            Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu_fast`` and ``mu_slow``; None keeps
+            the params' dtype but at least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdemamixState(mu_fast, mu_slow, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_ademamix(b3=0.5, alpha=2.0, eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([0.5, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"]  # (sign(g) + 2·0.5·g) / |g| on the first step
+        Array([ 2., -2.], dtype=float32)
+
+    References:
+        Pagliardini et al., "The AdEMAMix Optimizer: Better, Faster, Older",
+        2024. https://arxiv.org/abs/2409.03137
+    """
+    call = "scale_by_ademamix"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2), b3=check.unit(call, "b3", b3),
+                   alpha=check.nonnegative(call, "alpha", alpha), eps=check.nonnegative(call, "eps", eps),
+                   eps_root=check.nonnegative(call, "eps_root", eps_root), **_dtypes(call, mu_dtype, nu_dtype))
+    return stateful(_init_scale_by_ademamix, _apply_scale_by_ademamix, name=call, options=options,
+                    schedulable=("b1", "b2", "b3", "alpha", "eps", "eps_root"))
+
+
+# --------------------------------------------------------------------------
+# Simplified AdEMAMix
+
+
+def _apply_scale_by_simplified_ademamix(updates, state, params, *, b1, b2, alpha, eps, eps_root):
+    count = _tree.safe_increment(state.count)
+    (c2,) = bias_corrections(count, b2)
+
+    def leaf(g, m, v):
+        m, v = b1 * m + g, moment(b2, v, abs_sq(g))
+        return (m + alpha * g) / (safe_sqrt(v / c2 + eps_root) + eps), m, v
+
+    u, mu, nu = per_leaf("scale_by_simplified_ademamix", leaf, (updates, state.mu, state.nu),
+                         ("updates", "state.mu", "state.nu"))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+
+
+@combinator
+def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedule = 0.95,
+                                 alpha: ScalarOrSchedule = 0.0, eps: ScalarOrSchedule = 1e-8,
+                                 eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+                                 nu_dtype: DType = None) -> Update:
+    """Scales updates by simplified AdEMAMix: an undamped momentum plus ``alpha`` times the update.
+
+    Update rule, as in the paper (t counts from 1)::
+
+        m ← b1·m + g                 v ← b2·v + (1-b2)·g²
+        u = (m + alpha·g) / (sqrt(v̂ + eps_root) + eps),  v̂ = v/(1-b2^t)
+
+    ``m`` sums the updates without the ``1 - b1`` factor, so it is about
+    ``1/(1-b1)`` times Adam's: scale the learning rate down by that much.
+    With ``alpha = 0`` it is Adam without the first-moment bias correction.
+
+    Args:
+        b1: decay of the momentum, in [0, 1); optax's. Default: ``0.99``.
+        b2: decay of the second moment, in [0, 1); optax's. Default: ``0.95``.
+        alpha: weight of the current update, >= 0; optax's.
+            Default: ``0.0``.
+        eps: added to the denominator, >= 0. Default: ``1e-8``.
+        eps_root: added inside the square root, >= 0. Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_simplified_ademamix(b1=0.5, alpha=1.0, eps=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> _, state = opt.update({"w": jnp.array([2.0])}, state)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, state)
+        >>> u["w"]  # (0.5·2 + 2 + 1·2) / 2
+        Array([2.5], dtype=float32)
+
+    References:
+        Morwani et al., "Connections between Schedule-Free Optimizers,
+        AdEMAMix, and Accelerated SGD Variants", 2025.
+        https://arxiv.org/abs/2502.02431
+    """
+    call = "scale_by_simplified_ademamix"
+    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
+                   alpha=check.nonnegative(call, "alpha", alpha), eps=check.nonnegative(call, "eps", eps),
+                   eps_root=check.nonnegative(call, "eps_root", eps_root), **_dtypes(call, mu_dtype, nu_dtype))
+    return stateful(_adam_like_init, _apply_scale_by_simplified_ademamix, name=call, options=options,
+                    schedulable=("b1", "b2", "alpha", "eps", "eps_root"))

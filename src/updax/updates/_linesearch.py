@@ -1,0 +1,575 @@
+"""Line searches: the step size along the incoming update, from evaluations of the objective.
+
+A line-search stage needs the objective ``f`` the params minimise. Give it to
+``update`` as optax does: ``update(updates, state, params, value=f(w),
+grad=∇f(w), value_fn=f)``; other keywords of ``update`` that ``f`` names
+(a batch, say) are passed to ``f``. For a fixed (full-batch) objective the
+stage can instead be built with ``objective=f``; ``value`` and ``grad``, when
+not given, are then computed from it at the params.
+
+The stage keeps the value and gradient at the point it accepts, so that the
+next step need not compute them again: :func:`value_and_grad_from_state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._options import keywords
+from updax._primitives import stateful
+from updax._stage import ScheduledState
+from updax._update import Update
+from updax.updates._kernels import real_only
+from updax.updates._lbfgs import real_dtype, tree_vdot
+
+__all__ = ["ScaleByBacktrackingLinesearchState", "ScaleByZoomLinesearchState", "scale_by_backtracking_linesearch",
+           "scale_by_zoom_linesearch", "value_and_grad_from_state"]
+
+#: The keywords of ``update`` a line search reads itself.
+_OWN = ("value", "grad", "value_fn")
+
+
+# --------------------------------------------------------------------------
+# The objective along the line
+
+
+def _line(call, updates, params, objective, extra):
+    """``(f, value, grad)``: ``f(step) -> (value, grad, slope)`` at ``w + step·u``, and the value and gradient at
+    ``w`` (given to ``update``, or computed from the function).
+
+    The function is ``update``'s ``value_fn``, else the stage's ``objective``; it gets the keywords of
+    ``update`` that its signature names (all of them, but the line search's own, if it takes ``**kwargs``).
+    """
+    real_only(call, updates)
+    value, grad, value_fn = (extra.pop(k, None) for k in _OWN)
+    if value_fn is not None and objective is not None:
+        raise ValueError(f"{call}: update got value_fn= and the stage was built with objective=; give one of them")
+    fn = value_fn if value_fn is not None else objective
+    if fn is None:
+        raise ValueError(f"{call} needs the objective: call update(updates, state, params, value=value, grad=grad, "
+                         f"value_fn=fn), or build the stage with objective=fn")
+    accepted = keywords(fn)
+    kwargs = {k: v for k, v in extra.items() if accepted is None or k in accepted}
+    value_and_grad = jax.value_and_grad(lambda p: fn(p, **kwargs))
+    dtype = real_dtype(params)
+    if (value is None) != (grad is None):
+        raise ValueError(f"{call}: update got {'value' if grad is None else 'grad'}= alone; give value= and grad= "
+                         "together (or neither: they are then computed from the objective)")
+    if value is None:
+        value, grad = value_and_grad(params)
+    _tree.check_same_structure(call, params, grad, "params", "grad")
+
+    def at(step, with_grad=True):
+        """``(value, grad, slope)`` at ``w + step·u``; without ``with_grad``, ``(value, grad_fn)``: the gradient
+        comes from a linearisation, computed only when ``grad_fn()`` is called."""
+        point = jax.tree.map(lambda p, u: (p.astype(_tree.compute_dtype(p.dtype, u.dtype))
+                                           + step * u.astype(_tree.compute_dtype(p.dtype, u.dtype))).astype(p.dtype),
+                             params, updates)
+        if not with_grad:
+            v, linear = jax.linearize(lambda p: fn(p, **kwargs), point)
+            return jnp.asarray(v).astype(dtype), lambda: jax.linear_transpose(linear, point)(jnp.ones_like(v))[0]
+        v, g = value_and_grad(point)
+        return jnp.asarray(v).astype(dtype), g, tree_vdot(g, updates, dtype)
+
+    return at, jnp.asarray(value).astype(dtype), grad
+
+
+def _like(tree, like):
+    """``tree`` in the dtypes of ``like`` (a loop's carry keeps its types)."""
+    return jax.tree.map(lambda x, y: jnp.asarray(x).astype(y.dtype), tree, like)
+
+
+def _scaled(updates, step):
+    return jax.tree.map(lambda u: (u.astype(_tree.compute_dtype(u.dtype)) * step).astype(u.dtype), updates)
+
+
+def _not_nan(error):
+    """A NaN error (the objective undefined there) as infinitely bad."""
+    return jnp.where(jnp.isnan(error), jnp.inf, error)
+
+
+# --------------------------------------------------------------------------
+# Backtracking (Armijo)
+
+
+class ScaleByBacktrackingLinesearchState(NamedTuple):
+    """The step size taken ``learning_rate``; the objective's ``value`` and ``grad`` where the step lands
+    (``grad`` None without ``store_grad``); ``num_linesearch_steps`` evaluations and the final
+    ``decrease_error`` (0: sufficient decrease), for diagnostics."""
+
+    learning_rate: jax.Array
+    value: jax.Array
+    grad: Any
+    num_linesearch_steps: jax.Array
+    decrease_error: jax.Array
+
+
+def _init_backtracking(params, *, store_grad):
+    dtype = real_dtype(params)
+    return ScaleByBacktrackingLinesearchState(
+        learning_rate=jnp.ones([], dtype), value=jnp.full([], jnp.inf, dtype),
+        grad=_tree.accumulators(params, None) if store_grad else None,
+        num_linesearch_steps=_tree.zero_count(), decrease_error=jnp.full([], jnp.inf, dtype))
+
+
+def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope_rtol, decrease_factor,
+                        increase_factor, max_learning_rate, atol, rtol, store_grad, objective, **extra):
+    call = "scale_by_backtracking_linesearch"
+    at, value, grad = _line(call, updates, params, objective, extra)
+    dtype = value.dtype
+    slope = tree_vdot(grad, updates, dtype)
+
+    def body(carry):
+        step, _, new_grad, _, n = carry
+        step = jnp.where(n > 0, decrease_factor * step, step).astype(dtype)
+        new_value, gradient = at(step, with_grad=False)
+        error = jnp.maximum(_not_nan(new_value - (1 + rtol) * value - step * slope_rtol * slope), 0).astype(dtype)
+        if store_grad:  # the gradient where the search stops only
+            last = (error <= atol) | (n == max_backtracking_steps)
+            new_grad = jax.lax.cond(last, lambda: _like(gradient(), new_grad), lambda: new_grad)
+        return step, new_value, new_grad, error, n + 1
+
+    def searching(carry):
+        *_, error, n = carry
+        return ~(error <= atol) & (n <= max_backtracking_steps)
+
+    # After a failed search (step 0) start again from max_learning_rate: optax would try 0 forever.
+    grown = jnp.minimum(increase_factor * state.learning_rate, max_learning_rate)
+    first = jnp.where(state.learning_rate > 0, grown, max_learning_rate).astype(dtype)
+    start = (first, value, state.grad, jnp.full([], jnp.inf, dtype), jnp.zeros([], jnp.int32))
+    step, new_value, new_grad, error, n = jax.lax.while_loop(searching, body, start)
+    failed = jnp.isinf(error)  # every value tried was NaN or infinite: no step, and the value and gradient at w
+    step = jnp.where(failed, 0.0, step).astype(dtype)
+    new_value = jnp.where(failed, value, new_value)
+    if store_grad:
+        new_grad = _select(failed, _like(grad, new_grad), new_grad)
+    return _scaled(updates, step), ScaleByBacktrackingLinesearchState(
+        learning_rate=step, value=new_value, grad=new_grad, num_linesearch_steps=n, decrease_error=error)
+
+
+@combinator
+def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: float = 1e-4,
+                                     decrease_factor: float = 0.8, increase_factor: float = 1.5,
+                                     max_learning_rate: float = 1.0, atol: float = 0.0, rtol: float = 0.0,
+                                     store_grad: bool = False, objective: Callable[..., Any] | None = None
+                                     ) -> Update:
+    """Scales updates by a step size with sufficient decrease, found by backtracking (Armijo).
+
+    Rule: with ``f`` the objective, ``w`` the params, ``u`` the incoming
+    update (a descent direction, e.g. ``-∇f``) and ``g = ∇f(w)``, the step
+    ``η`` starts at ``min(increase_factor·η_prev, max_learning_rate)`` and is
+    multiplied by ``decrease_factor`` until (at most ``max_backtracking_steps``
+    times)::
+
+        f(w + η·u) <= (1 + rtol)·f(w) + η·slope_rtol·<u, g> + atol
+
+    and the output is ``η·u``. If every value tried is NaN or infinite, ``η = 0``,
+    and the next call starts again from ``max_learning_rate`` (optax's starts
+    from ``increase_factor·0 = 0`` and never moves again).
+    ``update`` takes the objective's ``value``, ``grad`` and ``value_fn``
+    (see the module), or the stage is built with ``objective``.
+
+    Args:
+        max_backtracking_steps: the most step-size reductions per call, an
+            integer >= 0. No default.
+        slope_rtol: the fraction ``c1`` of the linear decrease required, in
+            [0, 1). Default: ``0.0001``.
+        decrease_factor: the factor a rejected step is multiplied by, in (0, 1).
+            Default: ``0.8``.
+        increase_factor: the first try is the last step times this, >= 1.
+            Default: ``1.5``.
+        max_learning_rate: the largest step, > 0. Default: ``1.0``.
+        atol: absolute slack of the criterion, >= 0. Default: ``0.0``.
+        rtol: relative slack of the criterion, >= 0. Default: ``0.0``.
+        store_grad: also keep the gradient where the step lands (one more
+            gradient evaluation), for :func:`value_and_grad_from_state`.
+            Default: ``False``.
+        objective: the objective ``f(params)``, for ``update`` calls without
+            ``value_fn``; None to take it from ``update``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByBacktrackingLinesearchState(
+        learning_rate, value, grad, num_linesearch_steps, decrease_error)``;
+        it needs params.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import updax as ux
+        >>> def f(w):
+        ...     return jnp.sum(w ** 2)
+        >>> opt = ux.scale(-1.0).scale_by_backtracking_linesearch(max_backtracking_steps=15)
+        >>> w = jnp.array([1.0, 2.0, 3.0])
+        >>> state = opt.init(w)
+        >>> value, grad = jax.value_and_grad(f)(w)
+        >>> u, state = opt.update(grad, state, w, value=value, grad=grad, value_fn=f)
+        >>> print(f"{f(w):.2f} -> {f(w + u):.2f}")
+        14.00 -> 5.04
+
+    References:
+        Armijo, "Minimization of functions having Lipschitz continuous first
+        partial derivatives", Pacific J. Math. 16, 1966; Nocedal & Wright,
+        "Numerical Optimization", 2nd ed., 2006, Algorithm 3.1; optax's
+        ``scale_by_backtracking_linesearch``.
+    """
+    call = "scale_by_backtracking_linesearch"
+    options = {
+        "max_backtracking_steps": check.integer(call, "max_backtracking_steps", max_backtracking_steps, 0),
+        "slope_rtol": check.real(call, "slope_rtol", slope_rtol, 0.0, 1.0, hi_open=True),
+        "decrease_factor": check.real(call, "decrease_factor", decrease_factor, 0.0, 1.0, lo_open=True, hi_open=True),
+        "increase_factor": check.real(call, "increase_factor", increase_factor, 1.0),
+        "max_learning_rate": check.positive(call, "max_learning_rate", max_learning_rate),
+        "atol": check.nonnegative(call, "atol", atol), "rtol": check.nonnegative(call, "rtol", rtol),
+        "store_grad": check.flag(call, "store_grad", store_grad),
+        "objective": None if objective is None else check.function(call, "objective", objective)}
+    return stateful(_init_backtracking, _apply_backtracking, name=call, options=options, needs_params=True,
+                    static=("max_backtracking_steps",),
+                    schedulable=("slope_rtol", "decrease_factor", "increase_factor", "max_learning_rate", "atol",
+                                 "rtol"))
+
+
+# --------------------------------------------------------------------------
+# Zoom (strong Wolfe)
+
+
+class ScaleByZoomLinesearchState(NamedTuple):
+    """The step size taken ``learning_rate``; the objective's ``value`` and ``grad`` where the step lands;
+    ``num_linesearch_steps`` evaluations and the final ``decrease_error`` and ``curvature_error`` (0: the
+    criterion holds), for diagnostics."""
+
+    learning_rate: jax.Array
+    value: jax.Array
+    grad: Any
+    num_linesearch_steps: jax.Array
+    decrease_error: jax.Array
+    curvature_error: jax.Array
+
+
+class _Search(NamedTuple):
+    """The zoom line search's loop: the last point tried, the bracket ``[low, high]`` (values and slopes at
+    both ends, and the previous end ``cubic_ref`` for the cubic fit) and the best point with sufficient
+    decrease so far (``safe_*``)."""
+
+    count: jax.Array
+    step: jax.Array
+    value: jax.Array
+    grad: Any
+    slope: jax.Array
+    decrease_error: jax.Array
+    curvature_error: jax.Array
+    bracketed: jax.Array
+    done: jax.Array
+    failed: jax.Array
+    low: jax.Array
+    value_low: jax.Array
+    slope_low: jax.Array
+    high: jax.Array
+    value_high: jax.Array
+    slope_high: jax.Array
+    cubic_ref: jax.Array
+    value_cubic_ref: jax.Array
+    safe_step: jax.Array
+    safe_value: jax.Array
+    safe_grad: Any
+
+
+def _cubic_minimiser(a, fa, da, b, fb, c, fc):
+    """The critical point of the cubic through ``(a, fa)`` with slope ``da`` there, ``(b, fb)`` and ``(c, fc)``
+    (NaN when it has none)."""
+    db, dc = b - a, c - a
+    rb, rc = fb - fa - da * db, fc - fa - da * dc
+    det = (db * dc) ** 2 * (db - dc)
+    # The cubic's coefficients, p3·x³ + p2·x² + da·x + fa with x = t - a: the 2x2 system solved by its inverse.
+    inverse = jnp.asarray([[dc**2, -(db**2)], [-(dc**3), db**3]])
+    p3, p2 = jnp.dot(inverse, jnp.asarray([rb, rc]), precision=jax.lax.Precision.HIGHEST) / det
+    return a + (-p2 + jnp.sqrt(p2 * p2 - 3 * p3 * da)) / (3 * p3)
+
+
+def _quadratic_minimiser(a, fa, da, b, fb):
+    """The critical point of the parabola through ``(a, fa)`` with slope ``da`` there and ``(b, fb)``."""
+    db = b - a
+    curvature = (fb - fa - da * db) / db**2
+    return a - da / (2 * curvature)
+
+
+def _select(pred, if_true, if_false):
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), if_true, if_false)
+
+
+def _init_zoom(params):
+    dtype = real_dtype(params)
+    return ScaleByZoomLinesearchState(
+        learning_rate=jnp.ones([], dtype), value=jnp.full([], jnp.inf, dtype), grad=_tree.accumulators(params, None),
+        num_linesearch_steps=_tree.zero_count(), decrease_error=jnp.full([], jnp.inf, dtype),
+        curvature_error=jnp.full([], jnp.inf, dtype))
+
+
+def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_rate, tol, increase_factor, slope_rtol,
+                curv_rtol, approx_dec_rtol, stepsize_precision, initial_guess_strategy, objective, **extra):
+    call = "scale_by_zoom_linesearch"
+    at, value0, grad0 = _line(call, updates, params, objective, extra)
+    dtype = value0.dtype
+    grad0 = _like(grad0, state.grad)
+    slope0 = tree_vdot(grad0, updates, dtype)
+    # "keep" after a failed search (step 0) guesses 1 again: optax would try 0 forever.
+    keep = jnp.where(state.learning_rate > 0, state.learning_rate, 1.0).astype(dtype)
+    guess = keep if initial_guess_strategy == "keep" else jnp.ones([], dtype)
+
+    def errors(step, value, slope):
+        """Sufficient decrease (Armijo, or Hager and Zhang's approximate form near flat values) and curvature."""
+        decrease = value - value0 - slope_rtol * step * slope0
+        if approx_dec_rtol is not None:
+            approximate = jnp.maximum(slope - (2 * slope_rtol - 1) * slope0,
+                                      value - value0 - approx_dec_rtol * jnp.abs(value0))
+            decrease = jnp.minimum(approximate, decrease)
+        curvature = jnp.abs(slope) - curv_rtol * jnp.abs(slope0)
+        return _not_nan(jnp.maximum(decrease, 0)), _not_nan(jnp.maximum(curvature, 0))
+
+    def evaluate(s, step):
+        value, grad, slope = at(step)
+        decrease, curvature = errors(step, value, slope)
+        return value, _like(grad, grad0), slope, decrease, curvature
+
+    def bracket(s):  # Algorithm 3.5: grow the step until [low, high] holds an acceptable one
+        step = jnp.where(s.count == 0, guess, increase_factor * s.step).astype(dtype)
+        capped = jnp.asarray(False)
+        if max_learning_rate is not None:
+            capped = step >= max_learning_rate
+            step = jnp.minimum(step, max_learning_rate).astype(dtype)
+        value, grad, slope, decrease, curvature = evaluate(s, step)
+        error = jnp.maximum(decrease, curvature)
+        safe = _select(decrease <= tol, (step, value, grad), (s.safe_step, s.safe_value, s.safe_grad))
+        high_is_new = (decrease > 0) | ((value >= s.value) & (s.count > 0))
+        low_is_new = (slope >= 0) & ~high_is_new
+        old, new = (s.step, s.value, s.slope), (step, value, slope)
+        low, high = _select(low_is_new, (new, old), (old, new))
+        bracketed = high_is_new | low_is_new | (error <= tol)
+        done = (error <= tol) | (capped & ~bracketed)
+        return s._replace(step=step, value=value, grad=grad, slope=slope, decrease_error=decrease,
+                          curvature_error=curvature, bracketed=bracketed, done=done,
+                          failed=(s.count + 1 >= max_linesearch_steps) & ~done, low=low[0], value_low=low[1],
+                          slope_low=low[2], high=high[0], value_high=high[1], slope_high=high[2], cubic_ref=low[0],
+                          value_cubic_ref=low[1], safe_step=safe[0], safe_value=safe[1], safe_grad=safe[2])
+
+    def zoom(s):  # Algorithm 3.6: shrink [low, high] around a cubic, quadratic or bisection point
+        width = jnp.abs(s.high - s.low)
+        left, right = jnp.minimum(s.low, s.high), jnp.maximum(s.low, s.high)
+        cubic = _cubic_minimiser(s.low, s.value_low, s.slope_low, s.high, s.value_high, s.cubic_ref,
+                                 s.value_cubic_ref)
+        quadratic = _quadratic_minimiser(s.low, s.value_low, s.slope_low, s.high, s.value_high)
+        step = jnp.where((cubic > left + 0.2 * width) & (cubic < right - 0.2 * width), cubic,
+                         jnp.where((quadratic > left + 0.1 * width) & (quadratic < right - 0.1 * width), quadratic,
+                                   (s.low + s.high) / 2)).astype(dtype)
+        value, grad, slope, decrease, curvature = evaluate(s, step)
+        error = jnp.maximum(decrease, curvature)
+        safe = _select((decrease <= tol) & (value < s.safe_value), (step, value, grad),
+                       (s.safe_step, s.safe_value, s.safe_grad))
+        done = error <= tol
+        high_is_new = (decrease > 0) | (value >= s.value_low)
+        high_is_low = (slope * (s.high - s.low) >= 0) & ~high_is_new
+        new, low, high = (step, value, slope), (s.low, s.value_low, s.slope_low), (s.high, s.value_high, s.slope_high)
+        new_high = _select(high_is_new, new, _select(high_is_low, low, high))
+        new_low = _select(high_is_new, low, new)
+        ref = _select(high_is_new | high_is_low, (s.high, s.value_high), (s.low, s.value_low))
+        stuck = (s.count + 1 >= max_linesearch_steps) | ((width <= stepsize_precision) & (safe[0] > 0))
+        return s._replace(step=step, value=value, grad=grad, slope=slope, decrease_error=decrease,
+                          curvature_error=curvature, done=done, failed=stuck & ~done, low=new_low[0],
+                          value_low=new_low[1], slope_low=new_low[2], high=new_high[0], value_high=new_high[1],
+                          slope_high=new_high[2], cubic_ref=ref[0], value_cubic_ref=ref[1], safe_step=safe[0],
+                          safe_value=safe[1], safe_grad=safe[2])
+
+    def fall_back(s):  # out of steps: the best point with sufficient decrease, if any (or if the last was NaN)
+        use_safe = (s.safe_step > 0) | jnp.isinf(s.decrease_error)
+        step, value, grad = _select(use_safe, (s.safe_step, s.safe_value, s.safe_grad), (s.step, s.value, s.grad))
+        return s._replace(step=step, value=value, grad=grad)
+
+    def body(s):
+        s = jax.lax.cond(s.bracketed, zoom, bracket, s)
+        s = jax.lax.cond(s.failed, fall_back, lambda s: s, s)
+        return s._replace(count=s.count + 1)
+
+    zero, inf, false = jnp.zeros([], dtype), jnp.full([], jnp.inf, dtype), jnp.asarray(False)
+    start = _Search(count=jnp.zeros([], jnp.int32), step=zero, value=value0, grad=grad0, slope=slope0,
+                    decrease_error=inf, curvature_error=inf, bracketed=false, done=false, failed=false, low=zero,
+                    value_low=value0, slope_low=slope0, high=zero, value_high=value0, slope_high=slope0,
+                    cubic_ref=zero, value_cubic_ref=value0, safe_step=zero, safe_value=value0, safe_grad=grad0)
+    s = jax.lax.while_loop(lambda s: ~(s.done | s.failed), body, start)
+    return _scaled(updates, s.step), ScaleByZoomLinesearchState(
+        learning_rate=s.step, value=s.value, grad=s.grad, num_linesearch_steps=s.count,
+        decrease_error=s.decrease_error, curvature_error=s.curvature_error)
+
+
+@combinator
+def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float | None = None, tol: float = 0.0,
+                             increase_factor: float = 2.0, slope_rtol: float = 1e-4, curv_rtol: float = 0.9,
+                             approx_dec_rtol: float | None = 1e-6, stepsize_precision: float = 1e-5,
+                             initial_guess_strategy: str = "keep", objective: Callable[..., Any] | None = None
+                             ) -> Update:
+    """Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
+
+    Rule (Nocedal & Wright, Algorithms 3.5 and 3.6): with ``f`` the objective,
+    ``w`` the params, ``u`` the incoming update (a descent direction) and
+    ``φ(η) = f(w + η·u)``, find ``η`` with::
+
+        φ(η) <= φ(0) + slope_rtol·η·φ'(0) + tol        (sufficient decrease)
+        |φ'(η)| <= curv_rtol·|φ'(0)| + tol               (curvature)
+
+    by growing ``η`` by ``increase_factor`` from the first guess until an
+    interval holds such a step, then shrinking the interval around the
+    minimiser of a cubic or quadratic fit (or its midpoint); the output is
+    ``η·u``. Near flat values the decrease test is Hager and Zhang's
+    approximate one, ``φ'(η) <= (2·slope_rtol - 1)·φ'(0)``, where
+    ``φ(η) <= φ(0) + approx_dec_rtol·|φ(0)|``. Out of steps, it takes the best
+    step with sufficient decrease seen, else the last one tried. ``update``
+    takes the objective's ``value``, ``grad`` and ``value_fn`` (see the
+    module), or the stage is built with ``objective``.
+
+    Args:
+        max_linesearch_steps: the most evaluations of the objective per call,
+            a positive integer. No default.
+        max_learning_rate: the largest step, > 0, or None for no bound.
+            Default: ``None``.
+        tol: slack of both criteria, >= 0. Default: ``0.0``.
+        increase_factor: the factor the step grows by while bracketing, > 1.
+            Default: ``2.0``.
+        slope_rtol: ``c1`` of the sufficient decrease, in [0, 1). Default: ``0.0001``.
+        curv_rtol: ``c2`` of the curvature condition, >= 0 (``c1 < c2 < 1`` in
+            the book). Default: ``0.9``.
+        approx_dec_rtol: the relative change of the value below which the
+            approximate decrease test applies, >= 0, or None for Armijo's test
+            alone. Default: ``1e-06``.
+        stepsize_precision: an interval narrower than this, >= 0, ends the
+            search at the best step with sufficient decrease. Default: ``1e-05``.
+        initial_guess_strategy: the first step tried: ``"keep"`` the last step
+            taken (for SGD-like directions; 1 after a step of 0, where optax's
+            would stay at 0), ``"one"`` a step of 1 (for Newton-like
+            directions such as L-BFGS's). Default: ``'keep'``.
+        objective: the objective ``f(params)``, for ``update`` calls without
+            ``value_fn``; None to take it from ``update``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByZoomLinesearchState(learning_rate,
+        value, grad, num_linesearch_steps, decrease_error, curvature_error)``;
+        it needs params.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import updax as ux
+        >>> def f(w):
+        ...     return jnp.sum((w - 1.0) ** 2)
+        >>> opt = ux.scale(-1.0).scale_by_zoom_linesearch(max_linesearch_steps=15)
+        >>> w = jnp.zeros(3)
+        >>> value, grad = jax.value_and_grad(f)(w)
+        >>> u, state = opt.update(grad, opt.init(w), w, value=value, grad=grad, value_fn=f)
+        >>> w + u, opt.get_state(state, "scale_by_zoom_linesearch.learning_rate")
+        (Array([1., 1., 1.], dtype=float32), Array(0.5, dtype=float32))
+
+    References:
+        Nocedal & Wright, "Numerical Optimization", 2nd ed., 2006, Algorithms
+        3.5 and 3.6; Hager & Zhang, "Algorithm 851: CG_DESCENT", ACM TOMS 32,
+        2006 (the approximate decrease test); optax's ``scale_by_zoom_linesearch``.
+    """
+    call = "scale_by_zoom_linesearch"
+    if initial_guess_strategy not in ("keep", "one"):
+        check.fail(call, "initial_guess_strategy", initial_guess_strategy, "must be 'keep' or 'one'")
+    options = {
+        "max_linesearch_steps": check.positive_int(call, "max_linesearch_steps", max_linesearch_steps),
+        "max_learning_rate": None if max_learning_rate is None else check.positive(call, "max_learning_rate",
+                                                                                max_learning_rate),
+        "tol": check.nonnegative(call, "tol", tol),
+        "increase_factor": check.real(call, "increase_factor", increase_factor, 1.0, lo_open=True),
+        "slope_rtol": check.real(call, "slope_rtol", slope_rtol, 0.0, 1.0, hi_open=True),
+        "curv_rtol": check.nonnegative(call, "curv_rtol", curv_rtol),
+        "approx_dec_rtol": None if approx_dec_rtol is None else check.nonnegative(call, "approx_dec_rtol",
+                                                                               approx_dec_rtol),
+        "stepsize_precision": check.nonnegative(call, "stepsize_precision", stepsize_precision),
+        "initial_guess_strategy": initial_guess_strategy,
+        "objective": None if objective is None else check.function(call, "objective", objective)}
+    return stateful(_init_zoom, _apply_zoom, name=call, options=options, needs_params=True,
+                    static=("max_linesearch_steps",),
+                    schedulable=("max_learning_rate", "tol", "increase_factor", "slope_rtol", "curv_rtol",
+                                 "approx_dec_rtol", "stepsize_precision"))
+
+
+# --------------------------------------------------------------------------
+# Reusing the line search's evaluations
+
+
+_STATES = (ScaleByZoomLinesearchState, ScaleByBacktrackingLinesearchState)
+
+
+def _found(state):
+    """The line-search states in a pipeline's state (inside wrappers and scheduled states too)."""
+    if isinstance(state, _STATES):
+        return [state]
+    if isinstance(state, ScheduledState):
+        return _found(state.state)
+    if isinstance(state, (tuple, list)):
+        return [found for child in state for found in _found(child)]
+    if isinstance(state, dict):
+        return [found for child in state.values() for found in _found(child)]
+    return []
+
+
+def value_and_grad_from_state(value_fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
+    """``jax.value_and_grad(value_fn)`` that reuses the value and gradient a line search stored in the state.
+
+    A line search evaluates the objective where its step lands; when the
+    params are then updated with that step, the next call's value and
+    gradient are those. The returned function ``f(params, *args, state,
+    **kwargs)`` takes them from the one line-search stage in ``state`` while
+    they are finite (after ``init`` the stored value is infinite), else
+    computes ``jax.value_and_grad(value_fn)(params, *args, **kwargs)``. Use it
+    for a fixed (full-batch) objective only: the stored values are those of
+    the objective the line search saw.
+
+    Args:
+        value_fn: the objective, a scalar function of the params. No default.
+
+    Returns:
+        ``f(params, *args, state, **kwargs) -> (value, grad)``, the gradient in
+        the params' dtypes.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> def f(w):
+        ...     return jnp.sum(w ** 2)
+        >>> opt = ux.optimizers.lbfgs()
+        >>> w = jnp.array([1.0, 2.0, 3.0])
+        >>> state = opt.init(w)
+        >>> value_and_grad = ux.value_and_grad_from_state(f)
+        >>> for _ in range(2):
+        ...     value, grad = value_and_grad(w, state=state)
+        ...     u, state = opt.update(grad, state, w, value=value, grad=grad, value_fn=f)
+        ...     w = ux.apply_updates(w, u)
+        >>> float(f(w)) < 1e-10
+        True
+
+    References:
+        optax's ``value_and_grad_from_state``.
+    """
+    check.function("value_and_grad_from_state", "value_fn", value_fn)
+
+    def value_and_grad(params, *args, state, **kwargs):
+        found = [s for s in _found(state) if s.grad is not None]
+        if len(found) != 1:
+            raise ValueError(f"value_and_grad_from_state: the state holds {len(found)} line-search states with a "
+                             "stored gradient; it needs exactly one (scale_by_backtracking_linesearch keeps its "
+                             "gradient only with store_grad=True)")
+        stored = found[0]
+
+        def fresh(params):
+            return jax.value_and_grad(value_fn)(params, *args, **kwargs)
+
+        value, grad = jax.eval_shape(fresh, params)
+        reuse = (stored.value.astype(value.dtype), _like(stored.grad, grad))
+        return jax.lax.cond(jnp.isfinite(stored.value), lambda p: reuse, fresh, params)
+
+    return value_and_grad

@@ -1,0 +1,769 @@
+"""Learning-rate-free rules: the step size comes from the run itself.
+
+Distance estimates (Prodigy, D-Adaptation, DoG, DoWG), coin betting (COCOB),
+Polyak's step from the loss, and Mechanic's learned scale around any
+pipeline. Defaults are the papers' where they fix one, else optax's (each
+docstring says which). Scalar estimates are kept in at least float32 (float64
+with float64 params), and each stage that needs the starting point keeps a
+copy of the params it was initialised with (``init_params``): ``init`` must
+get the real params, not a template.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import stateful, stateless
+from updax._typing import PyTree, ScalarOrSchedule
+from updax._update import Update
+from updax.updates._kernels import (
+    abs_sq,
+    bias_corrections,
+    filled,
+    real_only,
+    safe_sqrt,
+)
+from updax.updates._masking import leaf_mask
+
+# --------------------------------------------------------------------------
+# States
+
+
+class ScaleByProdigyState(NamedTuple):
+    """Adam's moments of the scaled updates ``mu`` and ``nu``, the weighted sum of updates ``grad_sum``, the
+    starting point ``init_params``, the distance estimate ``estim_lr`` (the ``d`` of the paper), the weighted
+    sum ``numerator`` of its numerator, steps taken ``count``."""
+
+    mu: Any
+    nu: Any
+    grad_sum: Any
+    init_params: Any
+    estim_lr: jax.Array
+    numerator: jax.Array
+    count: jax.Array
+
+
+class ScaleByDadaptAdamwState(NamedTuple):
+    """Adam's moments ``mu`` and ``nu``, the weighted sum of updates ``grad_sum``, the distance estimate
+    ``estim_lr`` (the ``d`` of the paper), the weighted sum ``numerator`` of its numerator, steps taken ``count``."""
+
+    mu: Any
+    nu: Any
+    grad_sum: Any
+    estim_lr: jax.Array
+    numerator: jax.Array
+    count: jax.Array
+
+
+class ScaleByDogState(NamedTuple):
+    """The starting point ``init_params``, the largest distance from it so far ``max_dist``, the sum of the
+    squared update norms ``sum_sq_norm_grads``, steps taken ``count``."""
+
+    init_params: Any
+    max_dist: jax.Array
+    sum_sq_norm_grads: jax.Array
+    count: jax.Array
+
+
+class ScaleByDowgState(NamedTuple):
+    """The starting point ``init_params``, the largest squared distance from it so far ``estim_sq_dist``, the
+    sum of the squared update norms weighted by it ``weighted_sq_norm_grads``."""
+
+    init_params: Any
+    estim_sq_dist: jax.Array
+    weighted_sq_norm_grads: jax.Array
+
+
+class ScaleByCocobState(NamedTuple):
+    """Per coordinate: the starting point ``init_params``, the sum of the updates ``sum_grads``, the largest
+    absolute update ``max_abs_grad``, the sum of the absolute updates ``sum_abs_grads`` and the ``reward``."""
+
+    init_params: Any
+    sum_grads: Any
+    max_abs_grad: Any
+    sum_abs_grads: Any
+    reward: Any
+
+
+class MechanizeState(NamedTuple):
+    """The wrapped pipeline's state ``inner``, the point the scale multiplies from ``init_params``, and per
+    decay ``betas``: the scale ``s``, the ``reward`` ``r``, the largest correlation ``m`` and the sum of its
+    squares ``v``; steps taken ``count``."""
+
+    inner: tuple
+    init_params: Any
+    s: jax.Array
+    r: jax.Array
+    m: jax.Array
+    v: jax.Array
+    count: jax.Array
+
+
+# --------------------------------------------------------------------------
+# Shared: global sums in the scalar dtype, leaves side by side, guarded division
+
+
+def _scalar_dtype(tree):
+    """The dtype of a stage's scalar estimates: the params' compute dtype (at least float32), real."""
+    return jnp.finfo(_tree.compute_dtype(*(jnp.result_type(x) for x in jax.tree.leaves(tree)))).dtype
+
+
+def _leaves(call, trees, names):
+    """The leaves of ``trees`` side by side (``[(leaf of each tree), ...]``) and the first tree's structure;
+    a tree that does not match the first is named with its first differing path."""
+    for tree, name in zip(trees[1:], names[1:]):
+        _tree.check_same_structure(call, trees[0], tree, names[0], name)
+    treedef = jax.tree.structure(trees[0])
+    return treedef, list(zip(*(treedef.flatten_up_to(t) for t in trees))) if jax.tree.leaves(trees[0]) else []
+
+
+def _total(values, dtype):
+    """The sum of some scalars, in ``dtype``."""
+    return sum((v.astype(dtype) for v in values), jnp.zeros([], dtype))
+
+
+def _sq_norm(tree, dtype):
+    """``‖tree‖²`` over all leaves, real, in ``dtype``."""
+    return _total([jnp.sum(abs_sq(x.astype(_tree.compute_dtype(x.dtype)))) for x in jax.tree.leaves(tree)], dtype)
+
+
+def _div(a, b):
+    """``a / b``, and 0 where ``b`` is 0 (a double where: the discarded branch keeps its gradient finite)."""
+    nonzero = b != 0
+    return jnp.where(nonzero, a / jnp.where(nonzero, b, 1), jnp.zeros_like(a))
+
+
+def _copy(call, params):
+    """A copy of the params (at least float32), placed like them."""
+    return filled(call, params, params, None)
+
+
+def _distance_sq(call, params, init_params, dtype):
+    """``‖params - init_params‖²``, in ``dtype``."""
+    _, leaves = _leaves(call, (params, init_params), ("params", "state.init_params"))
+    return _total([jnp.sum(abs_sq(p.astype(x0.dtype) - x0)) for p, x0 in leaves], dtype)
+
+
+def _needs_loss(call, loss):
+    if loss is None:
+        raise ValueError(f"{call} needs the loss: call update(updates, state, params, loss=loss) (optax's polyak "
+                         "takes it as value=; inside optax.chain, wrap the updax object in ux.to_optax so that "
+                         "optax passes it on)")
+
+
+# --------------------------------------------------------------------------
+# Prodigy
+
+
+def _init_scale_by_prodigy(params, *, estim_lr0):
+    dtype = _scalar_dtype(params)
+    return ScaleByProdigyState(mu=_tree.accumulators(params, None), nu=_tree.accumulators(params, None),
+                               grad_sum=_tree.accumulators(params, None), init_params=_copy("scale_by_prodigy", params),
+                               estim_lr=jnp.asarray(estim_lr0, dtype), numerator=jnp.zeros([], dtype),
+                               count=_tree.zero_count())
+
+
+def _apply_scale_by_prodigy(updates, state, params, *, learning_rate, b1, b2, b3, eps, estim_lr0, estim_lr_coef,
+                            decay, safeguard_warmup, mask):
+    call = "scale_by_prodigy"
+    real_only(call, updates)
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+    b3 = jnp.sqrt(b2) if b3 is None else b3
+    d = state.estim_lr
+    dlr = d * learning_rate * jnp.sqrt(c2) / c1  # d·γ with Adam's bias correction folded in
+    weight = (d / estim_lr0) * (d if safeguard_warmup else dlr)
+    treedef, leaves = _leaves(call, (updates, state.mu, state.nu, state.grad_sum, state.init_params, params),
+                              ("updates", "state.mu", "state.nu", "state.grad_sum", "state.init_params", "params"))
+    mus, nus, sums, dots, l1 = [], [], [], [], []
+    for g, m, v, s, x0, p in leaves:
+        c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, s.dtype, x0.dtype, p.dtype)
+        g32 = g.astype(c)
+        dots.append(jnp.sum(g32 * (x0.astype(c) - p.astype(c))))
+        mus.append(b1 * m.astype(c) + (1 - b1) * d * g32)
+        nus.append(b2 * v.astype(c) + (1 - b2) * d * d * g32 * g32)
+        sums.append(b3 * s.astype(c) + weight * g32)
+        l1.append(jnp.sum(jnp.abs(sums[-1])))
+    dtype = d.dtype
+    numerator = b3 * state.numerator + (d / estim_lr0) * dlr * _total(dots, dtype)
+    denominator = _total(l1, dtype)
+    estim_lr = jnp.where(denominator > 0, jnp.maximum(d, estim_lr_coef * _div(numerator, denominator)), d)
+    decays = leaf_mask(call, mask, params)
+    out = [(dlr * (_div(m, safe_sqrt(v) + estim_lr * eps) + (decay * p.astype(m.dtype) if decays else 0))
+            ).astype(g.dtype) for (g, *_, p), m, v, decays in zip(leaves, mus, nus, decays)]
+    stored = [[x.astype(leaf[i].dtype) for x, leaf in zip(xs, leaves)] for i, xs in ((1, mus), (2, nus), (3, sums))]
+    mu, nu, grad_sum = (treedef.unflatten(xs) for xs in stored)
+    return treedef.unflatten(out), ScaleByProdigyState(
+        mu=mu, nu=nu, grad_sum=grad_sum, init_params=state.init_params, estim_lr=estim_lr.astype(dtype),
+        numerator=numerator.astype(dtype), count=count)
+
+
+@combinator
+def scale_by_prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9,
+                     b2: ScalarOrSchedule = 0.999, b3: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-8,
+                     estim_lr0: float = 1e-6, estim_lr_coef: ScalarOrSchedule = 1.0, decay: ScalarOrSchedule = 0.0,
+                     safeguard_warmup: bool = False, *,
+                     mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+    """Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly.
+
+    Update rule (t counts from 1, ``x₀`` the params ``init`` got, ``γ`` the
+    learning rate, ``d`` the distance estimate starting at ``estim_lr0``)::
+
+        λ = d·γ·sqrt(1-b2^t)/(1-b1^t)
+        m ← b1·m + (1-b1)·d·g              v ← b2·v + (1-b2)·d²·g²
+        s ← b3·s + (d/d₀)·λ·g              r ← b3·r + (d/d₀)·λ·<g, x₀ - x>
+        d ← max(d, estim_lr_coef · r/‖s‖₁)
+        u = λ·(m / (sqrt(v) + d·eps) + decay·x)       (decay on the leaves mask selects)
+
+    The emitted ``u`` is the step's size, so the descent step is ``-u``
+    (:func:`updax.optimizers.prodigy` ends in ``scale(-1.0)``). As in the
+    authors' implementation (and optax), ``λ`` carries Adam's bias
+    correction and the step's ``eps`` term the new ``d``; with
+    ``safeguard_warmup`` the sum ``s`` takes ``(d/d₀)·d·g`` (no ``γ``). While
+    ``‖s‖₁`` is 0 (zero updates so far) ``d`` stays as it is, where optax
+    divides 0 by 0.
+
+    Args:
+        learning_rate: the schedule ``γ``, a multiplier of the estimated
+            step, >= 0; best 1 at its peak. Default: ``1.0``.
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        b3: decay of ``s`` and ``r``, None for ``sqrt(b2)``, or in [0, 1).
+            Default: ``None``.
+        eps: added to the denominator (times ``d``), >= 0. Default: ``1e-08``.
+        estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
+            Default: ``1e-06``.
+        estim_lr_coef: multiplies each new estimate, >= 0. Default: ``1.0``.
+        decay: decoupled weight decay (scaled by ``λ``), >= 0. Default: ``0.0``.
+        safeguard_warmup: leave ``γ`` out of ``s``, for schedules that warm
+            up from 0. Default: ``False``.
+        mask: which leaves decay: a pytree of bools shaped like the params
+            (or a prefix of it), or a function of the params returning one;
+            None decays every leaf. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByProdigyState(mu, nu, grad_sum,
+        init_params, estim_lr, numerator, count)``; ``update`` needs
+        ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_prodigy()
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> state = opt.init(params)
+        >>> u, state = opt.update({"w": jnp.array([0.5, -0.5])}, state, params)
+        >>> u["w"]  # the first step is d₀·sign(g), up to eps
+        Array([ 1.e-06, -1.e-06], dtype=float32)
+
+    References:
+        Mishchenko & Defazio, "Prodigy: An Expeditiously Adaptive
+        Parameter-Free Learner", ICML 2024. https://arxiv.org/abs/2306.06101
+    """
+    call = "scale_by_prodigy"
+    options = {"learning_rate": check.nonnegative(call, "learning_rate", learning_rate),
+               "b1": check.unit(call, "b1", b1), "b2": check.unit(call, "b2", b2),
+               "b3": None if b3 is None else check.unit(call, "b3", b3), "eps": check.nonnegative(call, "eps", eps),
+               "estim_lr0": check.number(call, "estim_lr0", estim_lr0, 0.0, lo_open=True),
+               "estim_lr_coef": check.nonnegative(call, "estim_lr_coef", estim_lr_coef),
+               "decay": check.nonnegative(call, "decay", decay),
+               "safeguard_warmup": check.flag(call, "safeguard_warmup", safeguard_warmup),
+               "mask": check.mask(call, "mask", mask)}
+    return stateful(_init_scale_by_prodigy, _apply_scale_by_prodigy, name=call, options=options, needs_params=True,
+                    schedulable=("learning_rate", "b1", "b2", "b3", "eps", "estim_lr_coef", "decay"))
+
+
+# --------------------------------------------------------------------------
+# D-Adaptation (AdamW)
+
+
+def _init_scale_by_dadapt_adamw(params, *, estim_lr0):
+    dtype = _scalar_dtype(params)
+    return ScaleByDadaptAdamwState(mu=_tree.accumulators(params, None), nu=_tree.accumulators(params, None),
+                                   grad_sum=_tree.accumulators(params, None), estim_lr=jnp.asarray(estim_lr0, dtype),
+                                   numerator=jnp.zeros([], dtype), count=_tree.zero_count())
+
+
+def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b2, eps, decay, mask):
+    call = "scale_by_dadapt_adamw"
+    real_only(call, updates)
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+    sb2 = jnp.sqrt(b2)
+    d = state.estim_lr
+    dlr = d * learning_rate * jnp.sqrt(c2) / c1
+    treedef, leaves = _leaves(call, (updates, state.mu, state.nu, state.grad_sum, params),
+                              ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
+    outs, mus, nus, sums, dots, l1 = [], [], [], [], [], []
+    for (g, m, v, s, p), decays in zip(leaves, leaf_mask(call, mask, params)):
+        c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, s.dtype, p.dtype)
+        g32, v32, s32 = g.astype(c), v.astype(c), s.astype(c)
+        dots.append(jnp.sum(g32 * _div(s32, safe_sqrt(v32) + eps)))  # <g, s>, weighted by the old v
+        m32 = b1 * m.astype(c) + (1 - b1) * dlr * g32
+        v32 = b2 * v32 + (1 - b2) * g32 * g32
+        s32 = sb2 * s32 + (1 - sb2) * dlr * g32
+        l1.append(jnp.sum(jnp.abs(s32)))
+        outs.append((_div(m32, safe_sqrt(v32) + eps) + (decay * dlr * p.astype(c) if decays else 0)).astype(g.dtype))
+        mus.append(m32.astype(m.dtype))
+        nus.append(v32.astype(v.dtype))
+        sums.append(s32.astype(s.dtype))
+    dtype = d.dtype
+    numerator = sb2 * state.numerator + (1 - sb2) * dlr * _total(dots, dtype)
+    denominator = (1 - sb2) * _total(l1, dtype)
+    estim_lr = jnp.where(denominator > 0, jnp.maximum(d, _div(numerator, denominator)), d)
+    return treedef.unflatten(outs), ScaleByDadaptAdamwState(
+        mu=treedef.unflatten(mus), nu=treedef.unflatten(nus), grad_sum=treedef.unflatten(sums),
+        estim_lr=estim_lr.astype(dtype), numerator=numerator.astype(dtype), count=count)
+
+
+@combinator
+def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9,
+                          b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8, estim_lr0: float = 1e-6,
+                          decay: ScalarOrSchedule = 0.0, *,
+                          mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+    """Scales updates by D-Adaptation's AdamW step, the distance to the solution estimated on the fly.
+
+    Update rule (t counts from 1, ``γ`` the learning rate, ``d`` the
+    distance estimate starting at ``estim_lr0``, ``β = sqrt(b2)``)::
+
+        λ = d·γ·sqrt(1-b2^t)/(1-b1^t)
+        r ← β·r + (1-β)·λ·<g, s/(sqrt(v) + eps)>      (the old s and v)
+        m ← b1·m + (1-b1)·λ·g              v ← b2·v + (1-b2)·g²
+        s ← β·s + (1-β)·λ·g
+        d ← max(d, r / ((1-β)·‖s‖₁))
+        u = m / (sqrt(v) + eps) + decay·λ·x          (decay on the leaves mask selects)
+
+    The emitted ``u`` is the step itself, ``γ`` included (each step's ``λ``
+    weighs its update into ``m``), so the descent step is ``-u``
+    (:func:`updax.optimizers.dadapt_adamw` ends in ``scale(-1.0)``). As in
+    the authors' implementation (and optax), ``λ`` carries Adam's bias
+    correction. While ``‖s‖₁`` is 0, ``d`` stays as it is, where optax
+    divides 0 by 0.
+
+    Args:
+        learning_rate: the schedule ``γ``, a multiplier of the estimated
+            step, >= 0; best 1 at its peak. Default: ``1.0``.
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-08``.
+        estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
+            Default: ``1e-06``.
+        decay: decoupled weight decay (scaled by ``λ``), >= 0. Default: ``0.0``.
+        mask: which leaves decay: a pytree of bools shaped like the params
+            (or a prefix of it), or a function of the params returning one;
+            None decays every leaf. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByDadaptAdamwState(mu, nu,
+        grad_sum, estim_lr, numerator, count)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_dadapt_adamw()
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> u, state = opt.update({"w": jnp.array([0.5, -0.5])}, opt.init(params), params)
+        >>> u["w"]  # the first step is d₀·sign(g), up to eps
+        Array([ 1.e-06, -1.e-06], dtype=float32)
+
+    References:
+        Defazio & Mishchenko, "Learning-Rate-Free Learning by D-Adaptation",
+        ICML 2023. https://arxiv.org/abs/2301.07733
+    """
+    call = "scale_by_dadapt_adamw"
+    options = {"learning_rate": check.nonnegative(call, "learning_rate", learning_rate),
+               "b1": check.unit(call, "b1", b1), "b2": check.unit(call, "b2", b2),
+               "eps": check.nonnegative(call, "eps", eps),
+               "estim_lr0": check.number(call, "estim_lr0", estim_lr0, 0.0, lo_open=True),
+               "decay": check.nonnegative(call, "decay", decay), "mask": check.mask(call, "mask", mask)}
+    return stateful(_init_scale_by_dadapt_adamw, _apply_scale_by_dadapt_adamw, name=call, options=options,
+                    needs_params=True, schedulable=("learning_rate", "b1", "b2", "eps", "decay"))
+
+
+# --------------------------------------------------------------------------
+# DoG and DoWG
+
+_DOG_INIT_STEPS = ("heuristic", "distance", "learning_rate")
+
+
+def _init_scale_by_dog(params, *, init_step, init_step_type):
+    dtype = _scalar_dtype(params)
+    if init_step_type == "heuristic":
+        r_eps = init_step * (1 + safe_sqrt(_sq_norm(params, dtype)))
+    else:
+        r_eps = init_step if init_step_type == "distance" else 0.0
+    return ScaleByDogState(init_params=_copy("scale_by_dog", params), max_dist=jnp.asarray(r_eps, dtype),
+                           sum_sq_norm_grads=jnp.zeros([], dtype), count=_tree.zero_count())
+
+
+def _apply_scale_by_dog(updates, state, params, *, init_step, init_step_type, eps):
+    call = "scale_by_dog"
+    dtype = state.max_dist.dtype
+    dist = safe_sqrt(_distance_sq(call, params, state.init_params, dtype))
+    max_dist = jnp.maximum(state.max_dist, dist)
+    sum_sq = state.sum_sq_norm_grads + _sq_norm(updates, dtype)
+    step = _div(max_dist, safe_sqrt(sum_sq + eps))
+    if init_step_type == "learning_rate":
+        step = jnp.where(state.count == 0, jnp.asarray(init_step, dtype), step)
+    out = _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+    return out, ScaleByDogState(init_params=state.init_params, max_dist=max_dist.astype(dtype),
+                                sum_sq_norm_grads=sum_sq.astype(dtype), count=_tree.safe_increment(state.count))
+
+
+@combinator
+def scale_by_dog(init_step: float = 1e-6, init_step_type: str = "heuristic", eps: ScalarOrSchedule = 1e-8) -> Update:
+    """Scales updates by DoG's step: the distance travelled over the root of the summed squared norms.
+
+    Update rule (``x₀`` the params ``init`` got)::
+
+        r̄ ← max(r̄, ‖x - x₀‖)        G ← G + ‖g‖²
+        u = r̄ / sqrt(G + eps) · g
+
+    ``r̄`` starts at ``r_ε``: with ``init_step_type="heuristic"``
+    ``r_ε = init_step·(1 + ‖x₀‖)`` (the paper's suggestion, with
+    ``init_step`` 1e-6, or 1e-4 with batch normalization); with
+    ``"distance"`` ``r_ε = init_step``; with ``"learning_rate"`` the first
+    step is ``init_step·g`` and ``r_ε = 0``. The norms are global, over all
+    leaves. The authors recommend averaging the iterates (e.g.
+    :func:`updax.ema_params`).
+
+    Args:
+        init_step: the initial step's value, > 0 (see above). Default: ``1e-06``.
+        init_step_type: ``"heuristic"``, ``"distance"`` or ``"learning_rate"``.
+            Default: ``'heuristic'``.
+        eps: added to ``G``, >= 0. Default: ``1e-08``.
+
+    Returns:
+        An update object with state ``ScaleByDogState(init_params, max_dist,
+        sum_sq_norm_grads, count)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_dog(init_step=0.5, init_step_type="distance", eps=0.0)
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> u, state = opt.update({"w": jnp.array([3.0, 4.0])}, opt.init(params), params)
+        >>> u["w"]  # r̄ / ‖g‖ = 0.5 / 5
+        Array([0.3, 0.4], dtype=float32)
+
+    References:
+        Ivgi, Hinder & Carmon, "DoG is SGD's Best Friend: A Parameter-Free
+        Dynamic Step Size Schedule", ICML 2023. https://arxiv.org/abs/2302.12022
+    """
+    call = "scale_by_dog"
+    if init_step_type not in _DOG_INIT_STEPS:
+        check.fail(call, "init_step_type", init_step_type, f"must be one of {', '.join(map(repr, _DOG_INIT_STEPS))}")
+    options = {"init_step": check.number(call, "init_step", init_step, 0.0, lo_open=True),
+               "init_step_type": init_step_type, "eps": check.nonnegative(call, "eps", eps)}
+    return stateful(_init_scale_by_dog, _apply_scale_by_dog, name=call, options=options, needs_params=True,
+                    schedulable=("eps",))
+
+
+def _init_scale_by_dowg(params, *, init_estim_sq_dist, eps):
+    dtype = _scalar_dtype(params)
+    start = eps if init_estim_sq_dist is None else init_estim_sq_dist
+    return ScaleByDowgState(init_params=_copy("scale_by_dowg", params), estim_sq_dist=jnp.asarray(start, dtype),
+                            weighted_sq_norm_grads=jnp.zeros([], dtype))
+
+
+def _apply_scale_by_dowg(updates, state, params, *, eps):
+    call = "scale_by_dowg"
+    dtype = state.estim_sq_dist.dtype
+    sq_dist = jnp.maximum(state.estim_sq_dist, _distance_sq(call, params, state.init_params, dtype))
+    weighted = state.weighted_sq_norm_grads + sq_dist * _sq_norm(updates, dtype)
+    step = _div(sq_dist, safe_sqrt(weighted) + eps)
+    out = _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+    return out, ScaleByDowgState(init_params=state.init_params, estim_sq_dist=sq_dist.astype(dtype),
+                                 weighted_sq_norm_grads=weighted.astype(dtype))
+
+
+@combinator
+def scale_by_dowg(init_estim_sq_dist: float | None = None, eps: ScalarOrSchedule = 1e-4) -> Update:
+    """Scales updates by DoWG's step: the squared distance travelled over the weighted norms' root.
+
+    Update rule (``x₀`` the params ``init`` got)::
+
+        r̄² ← max(r̄², ‖x - x₀‖²)        v ← v + r̄²·‖g‖²
+        u = r̄² / (sqrt(v) + eps) · g
+
+    ``r̄²`` starts at ``init_estim_sq_dist`` (``eps`` when None). The norms
+    are global, over all leaves.
+
+    Args:
+        init_estim_sq_dist: the initial guess of the squared distance to the
+            solution, None (``eps``) or > 0. Default: ``None``.
+        eps: added to the denominator, and the initial guess when
+            ``init_estim_sq_dist`` is None, > 0. Default: ``0.0001``.
+
+    Returns:
+        An update object with state ``ScaleByDowgState(init_params,
+        estim_sq_dist, weighted_sq_norm_grads)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_dowg(init_estim_sq_dist=4.0)
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> u, state = opt.update({"w": jnp.array([3.0, 4.0])}, opt.init(params), params)
+        >>> u["w"]  # r̄² / (r̄·‖g‖ + eps) = 4 / 10.0001
+        Array([1.19999, 1.59998], dtype=float32)
+
+    References:
+        Khaled, Mishchenko & Jin, "DoWG Unleashed: An Efficient Universal
+        Parameter-Free Gradient Descent Method", NeurIPS 2023.
+        https://arxiv.org/abs/2305.16284
+    """
+    call = "scale_by_dowg"
+    options = {"init_estim_sq_dist": None if init_estim_sq_dist is None else
+               check.number(call, "init_estim_sq_dist", init_estim_sq_dist, 0.0, lo_open=True),
+               "eps": check.positive(call, "eps", eps)}
+    return stateful(_init_scale_by_dowg, _apply_scale_by_dowg, name=call, options=options, needs_params=True,
+                    schedulable=("eps",))
+
+
+# --------------------------------------------------------------------------
+# COCOB
+
+
+def _init_scale_by_cocob(params, *, eps):
+    return ScaleByCocobState(init_params=_copy("scale_by_cocob", params), sum_grads=_tree.accumulators(params, None),
+                             max_abs_grad=_tree.accumulators(params, None, eps),
+                             sum_abs_grads=_tree.accumulators(params, None), reward=_tree.accumulators(params, None))
+
+
+def _apply_scale_by_cocob(updates, state, params, *, alpha):
+    call = "scale_by_cocob"
+    real_only(call, updates)
+    treedef, leaves = _leaves(call, (updates, state.sum_grads, state.max_abs_grad, state.sum_abs_grads, state.reward,
+                                     params, state.init_params),
+                              ("updates", "state.sum_grads", "state.max_abs_grad", "state.sum_abs_grads",
+                               "state.reward", "params", "state.init_params"))
+    new = []
+    for g, theta, big_l, big_g, reward, p, x0 in leaves:
+        c = _tree.compute_dtype(*(x.dtype for x in (g, theta, big_l, big_g, reward, p, x0)))
+        g32, p32, x032 = g.astype(c), p.astype(c), x0.astype(c)
+        theta32 = theta.astype(c) + g32
+        l32 = jnp.maximum(big_l.astype(c), jnp.abs(g32))
+        g_sum32 = big_g.astype(c) + jnp.abs(g32)
+        r32 = jnp.maximum(reward.astype(c) - g32 * (p32 - x032), 0)
+        bet = _div(theta32 * (l32 + r32), l32 * jnp.maximum(g_sum32 + l32, alpha * l32))
+        new.append(((x032 - bet - p32).astype(g.dtype), theta32.astype(theta.dtype), l32.astype(big_l.dtype),
+                    g_sum32.astype(big_g.dtype), r32.astype(reward.dtype)))
+    out, sum_grads, max_abs, sum_abs, reward = (treedef.unflatten([leaf[i] for leaf in new]) for i in range(5))
+    return out, ScaleByCocobState(init_params=state.init_params, sum_grads=sum_grads, max_abs_grad=max_abs,
+                                  sum_abs_grads=sum_abs, reward=reward)
+
+
+@combinator
+def scale_by_cocob(alpha: ScalarOrSchedule = 100.0, eps: float = 1e-8) -> Update:
+    """Replaces updates by COCOB-Backprop's step: coordinate-wise coin betting from the starting point.
+
+    Update rule, per coordinate (``x₀`` the params ``init`` got)::
+
+        L ← max(L, |g|)        G ← G + |g|        θ ← θ + g
+        R ← max(R - g·(x - x₀), 0)
+        x' = x₀ - θ / (L·max(G + L, alpha·L)) · (L + R)
+        u = x' - x
+
+    The emitted ``u`` is the step itself (descent included): it ends a
+    pipeline (:func:`updax.optimizers.cocob` scales the gradients before
+    it). ``L`` starts at ``eps`` rather than the paper's 0, so that a zero
+    first update divides nothing by 0 (as optax).
+
+    Args:
+        alpha: bounds the bet by ``1/(alpha·L)`` early on, > 0. Default: ``100.0``.
+        eps: the initial ``L``, > 0. Default: ``1e-08``.
+
+    Returns:
+        An update object with state ``ScaleByCocobState(init_params,
+        sum_grads, max_abs_grad, sum_abs_grads, reward)``; ``update`` needs
+        ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_cocob(alpha=4.0)
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> u, state = opt.update({"w": jnp.array([2.0, -0.5])}, opt.init(params), params)
+        >>> u["w"]  # -θ/(L·alpha·L)·L = -g/(alpha·|g|)
+        Array([-0.25,  0.25], dtype=float32)
+
+    References:
+        Orabona & Tommasi, "Training Deep Networks without Learning Rates
+        Through Coin Betting", NeurIPS 2017, Algorithm 2.
+        https://arxiv.org/abs/1705.07795
+    """
+    call = "scale_by_cocob"
+    options = {"alpha": check.positive(call, "alpha", alpha),
+               "eps": check.number(call, "eps", eps, 0.0, lo_open=True)}
+    return stateful(_init_scale_by_cocob, _apply_scale_by_cocob, name=call, options=options, needs_params=True,
+                    schedulable=("alpha",))
+
+
+# --------------------------------------------------------------------------
+# Polyak's step size
+
+_POLYAK_VARIANTS = ("sps", "sps+")
+
+
+def _apply_scale_by_polyak(updates, params, *, f_min, max_learning_rate, eps, variant, loss=None):
+    call = "scale_by_polyak"
+    _needs_loss(call, loss)
+    dtype = _scalar_dtype(updates)
+    gap = jnp.asarray(loss).astype(dtype) - f_min
+    if variant == "sps+":
+        gap = jnp.maximum(gap, 0)
+    denominator = _sq_norm(updates, dtype) + eps
+    step = jnp.where(denominator > 0, jnp.minimum(_div(gap, denominator), max_learning_rate), 0)
+    return _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+
+
+@combinator
+def scale_by_polyak(f_min: ScalarOrSchedule = 0.0, max_learning_rate: ScalarOrSchedule = 1.0,
+                    eps: ScalarOrSchedule = 0.0, variant: str = "sps") -> Update:
+    """Scales updates by Polyak's step size, from the loss and its lower bound.
+
+    Pass the loss to every call: ``opt.update(grads, state, params,
+    loss=loss)`` (optax's keyword is ``value=``). Update rule, with ``f`` the
+    loss and the norm global over all leaves::
+
+        u = min((f - f_min) / (‖g‖² + eps), max_learning_rate) · g
+
+    With ``variant="sps+"`` the gap ``f - f_min`` is floored at 0 (Garrigos
+    et al. 2023). Where ``‖g‖² + eps`` is 0 the step is 0.
+
+    Args:
+        f_min: a lower bound of the loss (0 for models that interpolate the
+            data), any real number. Default: ``0.0``.
+        max_learning_rate: the largest step size, > 0. Default: ``1.0``.
+        eps: added to the denominator, >= 0. Default: ``0.0``.
+        variant: ``"sps"`` or ``"sps+"``. Default: ``'sps'``.
+
+    Returns:
+        A stateless update object; ``update`` needs ``loss=``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_polyak(max_learning_rate=10.0)
+        >>> u, _ = opt.update({"w": jnp.array([1.0, 2.0])}, opt.init(None), loss=2.5)
+        >>> u["w"]  # 2.5 / 5 · g
+        Array([0.5, 1. ], dtype=float32)
+
+    References:
+        Loizou et al., "Stochastic Polyak Step-size for SGD: An Adaptive
+        Learning Rate for Fast Convergence", AISTATS 2021.
+        https://arxiv.org/abs/2002.10542
+    """
+    call = "scale_by_polyak"
+    if variant not in _POLYAK_VARIANTS:
+        check.fail(call, "variant", variant, f"must be one of {', '.join(map(repr, _POLYAK_VARIANTS))}")
+    options = {"f_min": check.real(call, "f_min", f_min),
+               "max_learning_rate": check.positive(call, "max_learning_rate", max_learning_rate),
+               "eps": check.nonnegative(call, "eps", eps), "variant": variant}
+    return stateless(_apply_scale_by_polyak, name=call, options=options,
+                     schedulable=("f_min", "max_learning_rate", "eps"))
+
+
+# --------------------------------------------------------------------------
+# Mechanic
+
+
+def _init_mechanize(params, *, inner, s_init, num_betas):
+    dtype = _scalar_dtype(params)
+    return MechanizeState(inner=inner.init(params), init_params=_copy("mechanize", params),
+                          s=jnp.full([num_betas], s_init, dtype), r=jnp.zeros([num_betas], dtype),
+                          m=jnp.zeros([num_betas], dtype), v=jnp.zeros([num_betas], dtype), count=_tree.zero_count())
+
+
+def _apply_mechanize(updates, state, params, *, inner, decay, eps, s_init, num_betas, **extra):
+    call = "mechanize"
+    real_only(call, updates)
+    steps, inner_state = inner.update(updates, state.inner, params, **extra)
+    dtype = state.s.dtype
+    first = state.count == 0  # the params of the first step are the origin (not init's: they may be replaced)
+    treedef, leaves = _leaves(call, (updates, steps, params, state.init_params),
+                              ("updates", "updates of the wrapped pipeline", "params", "state.init_params"))
+    s_sum = jnp.sum(state.s)
+    grad_norm = safe_sqrt(_sq_norm(updates, dtype))
+    param_norm = safe_sqrt(_sq_norm(params, dtype))
+    pull = decay * s_sum * grad_norm / (param_norm + eps)
+    origins, deltas, dots = [], [], []
+    for g, u, p, x0 in leaves:
+        c = _tree.compute_dtype(g.dtype, u.dtype, p.dtype, x0.dtype)
+        p32 = p.astype(c)
+        origin = jnp.where(first, p32, x0.astype(c))
+        delta_prev = (origin - p32) / (s_sum + eps)  # the sum of the inner steps so far, up to the sign
+        dots.append(jnp.sum((g.astype(c) + pull * p32) * delta_prev))
+        origins.append(origin)
+        deltas.append(delta_prev - u.astype(c))
+    h = _total(dots, dtype)
+    betas = jnp.asarray([1 - 0.1**i for i in range(1, num_betas + 1)], dtype)
+    clipped = jnp.clip(h, -state.m, state.m)  # (optax's clip of the correlation, added after the paper)
+    m = jnp.maximum(betas * state.m, jnp.abs(h) + eps)
+    v = betas**2 * state.v + h**2
+    r = betas * state.r + clipped * state.s
+    wealth = s_init / num_betas * m + jnp.maximum(r, 0)
+    s = wealth / (safe_sqrt(v) + eps)
+    scale = jnp.sum(s)
+    out = [(o - scale * d - p.astype(o.dtype)).astype(g.dtype) for (g, _, p, _), o, d in zip(leaves, origins, deltas)]
+    init_params = [o.astype(x0.dtype) for (*_, x0), o in zip(leaves, origins)]
+    return treedef.unflatten(out), MechanizeState(inner=inner_state, init_params=treedef.unflatten(init_params),
+                                                  s=s, r=r, m=m, v=v, count=_tree.safe_increment(state.count))
+
+
+@combinator(wraps=True)
+def mechanize(inner: Update, decay: ScalarOrSchedule = 1e-2, eps: ScalarOrSchedule = 1e-8, s_init: float = 1e-6,
+              num_betas: int = 6) -> Update:
+    """Learns the scale of the steps of the pipeline before it (Mechanic), from the params' origin.
+
+    The wrapped pipeline (with its learning rate at 1, or a schedule peaking
+    at 1) proposes steps whose sum is ``Δ``; the params are ``x = x₀ + S·Δ``
+    with ``S = Σ s``, and each scale ``s`` (one per decay ``β_i = 1 - 10^-i``)
+    is learned by coin betting on ``h = <g̃, Δ>``, with
+    ``g̃ = g + decay·S·‖g‖/(‖x‖ + eps)·x``::
+
+        m ← max(β·m, |h| + eps)        v ← β²·v + h²
+        r ← β·r + clip(h, -m_old, m_old)·s
+        s = (s_init/n·m + max(r, 0)) / (sqrt(v) + eps)
+
+    The params of the first step are the origin ``x₀``. As optax, the
+    correlation is clipped to the last ``m`` (the authors' later addition).
+
+    Args:
+        decay: the weight decay of ``g̃`` (not the wrapped pipeline's), >= 0.
+            Default: ``0.01``.
+        eps: added to denominators, > 0. Default: ``1e-08``.
+        s_init: the initial total scale, > 0. Default: ``1e-06``.
+        num_betas: the number ``n`` of decays, an integer >= 1. Default: ``6``.
+
+    Returns:
+        An update object with state ``MechanizeState(inner, init_params, s, r,
+        m, v, count)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_learning_rate(1.0).mechanize()
+        >>> params = {"w": jnp.array([1.0, -2.0])}
+        >>> u, state = opt.update({"w": jnp.array([1.0, 1.0])}, opt.init(params), params)
+        >>> u["w"]  # the first step is the inner step times s_init
+        Array([-1.e-06, -1.e-06], dtype=float32)
+
+    References:
+        Cutkosky, Defazio & Mehta, "Mechanic: A Learning Rate Tuner", NeurIPS
+        2023. https://arxiv.org/abs/2306.00144
+    """
+    call = "mechanize"
+    options = {"inner": inner, "decay": check.nonnegative(call, "decay", decay), "eps": check.positive(call, "eps", eps),
+               "s_init": check.number(call, "s_init", s_init, 0.0, lo_open=True),
+               "num_betas": check.integer(call, "num_betas", num_betas, 1)}
+    return stateful(_init_mechanize, _apply_mechanize, name=call, options=options, wraps="inner", needs_params=True,
+                    static=("num_betas",), schedulable=("decay", "eps"))

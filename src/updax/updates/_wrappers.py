@@ -1,0 +1,319 @@
+"""Wrappers that move the params along a path of their own (lookahead, SAM), and optimistic gradients."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax import _validate as check
+from updax._combinators import combinator
+from updax._primitives import apply_updates, stateful
+from updax._typing import DType, ScalarOrSchedule
+from updax._update import Update
+from updax.updates._clipping import global_norm
+from updax.updates._kernels import filled, per_leaf
+
+# --------------------------------------------------------------------------
+# Lookahead
+
+
+class LookaheadState(NamedTuple):
+    """The wrapped (fast) pipeline's state, the slow weights, and the fast steps taken since they were synced."""
+
+    inner: tuple
+    slow: Any
+    steps_since_sync: jax.Array
+
+
+def _init_lookahead(params, *, inner, accumulator_dtype):
+    return LookaheadState(inner=inner.init(params), slow=filled("lookahead", params, params, accumulator_dtype),
+                          steps_since_sync=_tree.zero_count())
+
+
+def _apply_lookahead(updates, state, params, *, inner, sync_period, slow_step_size, reset_state,
+                     accumulator_dtype, **extra):
+    del accumulator_dtype  # (named, so that it does not reach the wrapped pipeline among the extra keywords)
+    steps, inner_state = inner.update(updates, state.inner, params, **extra)
+    sync = state.steps_since_sync >= sync_period - 1
+
+    def leaf(p, u, s):
+        c = _tree.compute_dtype(p.dtype, u.dtype, s.dtype)
+        s_c = s.astype(c)
+        fast = p.astype(c) + u.astype(c)  # the k-th fast weights
+        synced = s_c + jnp.asarray(slow_step_size).astype(c) * (fast - s_c)  # φ ← φ + α·(θ_k - φ)
+        out = jnp.where(sync, synced - p.astype(c), u.astype(c))  # on a sync, the fast weights restart at φ
+        return out.astype(u.dtype), jnp.where(sync, synced, s_c).astype(s.dtype)
+
+    out, slow = _tree.tree_map_unzip("lookahead", leaf, 2, params, steps, state.slow,
+                                     names=("params", "updates", "state.slow"))
+    if reset_state:  # the fast pipeline starts afresh from the synchronised point
+        inner_state = jax.lax.cond(sync, lambda s: inner.init(apply_updates(params, out)), lambda s: s, inner_state)
+    count = jnp.where(sync, 0, state.steps_since_sync + 1).astype(state.steps_since_sync.dtype)
+    return out, LookaheadState(inner=inner_state, slow=slow, steps_since_sync=count)
+
+
+@combinator(wraps=True)
+def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSchedule = 0.5,
+              reset_state: bool = False, *, accumulator_dtype: DType = None) -> Update:
+    """Lookahead: ``k`` steps of the pipeline before it, then one step of the slow weights towards them.
+
+    The pipeline before it (the fast optimizer) moves the params, the fast
+    weights ``θ``; the slow weights ``φ`` live in the state, starting at the
+    params. Every ``k``-th call the slow weights step towards the fast ones
+    and the emitted update puts the params at the new slow weights, where
+    the next ``k`` fast steps start (the paper's Algorithm 1)::
+
+        θ' = θ + inner(g)
+        not a sync:  u = θ' - θ
+        every k-th:  φ ← φ + α·(θ' - φ),   u = φ - θ
+
+    It works in the usual loop with plain params (take gradients at the
+    params, apply the updates): unlike ``optax.lookahead``, which needs
+    ``LookaheadParams(fast, slow)`` as params and returns updates for both,
+    the slow weights are state, read with
+    ``opt.get_state(state, "lookahead.slow")``; right after a sync the
+    params equal them. Do not change the updates after this stage.
+
+    Args:
+        sync_period: ``k``, the fast steps per slow step, an integer >= 1.
+            Default: ``5``.
+        slow_step_size: ``α``, the slow weights' step, in (0, 1].
+            Default: ``0.5``.
+        reset_state: after each sync, restart the pipeline before it from
+            its ``init`` at the new params. Default: ``False``.
+        accumulator_dtype: storage dtype of the slow weights; None keeps
+            the params' dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state ``LookaheadState(inner, slow,
+        steps_since_sync)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-1.0).lookahead(2, 0.5)
+        >>> opt
+        scale(step_size=-1.0) |> lookahead(sync_period=2, slow_step_size=0.5, reset_state=False)
+        >>> params = {"w": jnp.array([0.0])}
+        >>> state = opt.init(params)
+        >>> for _ in range(2):  # fast weights 1, 2; the slow ones go from 0 halfway to 2
+        ...     u, state = opt.update({"w": jnp.array([-1.0])}, state, params)
+        ...     params = ux.apply_updates(params, u)
+        >>> params["w"], opt.get_state(state, "lookahead.slow")["w"]
+        (Array([1.], dtype=float32), Array([1.], dtype=float32))
+
+    References:
+        Zhang et al., "Lookahead Optimizer: k steps forward, 1 step back",
+        NeurIPS 2019, Algorithm 1. https://arxiv.org/abs/1907.08610
+    """
+    call = "lookahead"
+    options = {"inner": inner, "sync_period": check.positive_int(call, "sync_period", sync_period),
+               "slow_step_size": check.real(call, "slow_step_size", slow_step_size, 0.0, 1.0, lo_open=True),
+               "reset_state": check.flag(call, "reset_state", reset_state),
+               "accumulator_dtype": check.float_dtype(call, "accumulator_dtype", accumulator_dtype)}
+    return stateful(_init_lookahead, _apply_lookahead, name=call, options=options, wraps="inner",
+                    needs_params=True, schedulable=("slow_step_size",))
+
+
+# --------------------------------------------------------------------------
+# SAM
+
+
+class SamState(NamedTuple):
+    """The wrapped (outer) pipeline's state, the adversary's state, the params the ascent started from, and the
+    calls since the last descent step."""
+
+    inner: tuple
+    adversary: Any
+    outer_params: Any
+    steps_since_sync: jax.Array
+
+
+def _init_sam(params, *, inner, adversary):
+    return SamState(inner=inner.init(params), adversary=() if adversary is None else adversary.init(params),
+                    outer_params=filled("sam", params, params, None), steps_since_sync=_tree.zero_count())
+
+
+def _apply_sam(updates, state, params, *, inner, adversary, rho, sync_period, reset_state, **extra):
+    start = state.steps_since_sync == 0
+    descend = state.steps_since_sync >= sync_period - 1
+    outer = _tree.tree_map("sam", lambda p, o: jnp.where(start, p.astype(o.dtype), o), params, state.outer_params,
+                           names=("params", "state.outer_params"))
+
+    def ascend(operand):
+        inner_state, adversary_state = operand
+        if adversary is None:
+            direction = updates
+        else:
+            direction, adversary_state = adversary.update(updates, adversary_state, params, **extra)
+        norm = global_norm(direction)
+        scale = jnp.where(norm > 0, rho / jnp.where(norm > 0, norm, 1.0), 0.0)  # ε = ρ·d/‖d‖, 0 at d = 0
+
+        def leaf(d):
+            c = _tree.compute_dtype(d.dtype, scale.dtype)
+            return (d.astype(c) * scale.astype(c)).astype(d.dtype)
+
+        return jax.tree.map(leaf, direction), inner_state, adversary_state
+
+    def descent(operand):
+        inner_state, adversary_state = operand
+        at = jax.tree.map(lambda o, p: o.astype(p.dtype), outer, params)
+        steps, inner_state = inner.update(updates, inner_state, at, **extra)
+
+        def leaf(o, p, u):  # back to the outer params, then the outer step: o + u - p
+            c = _tree.compute_dtype(o.dtype, p.dtype, u.dtype)
+            return (o.astype(c) - p.astype(c) + u.astype(c)).astype(u.dtype)
+
+        out = jax.tree.map(leaf, outer, params, steps)
+        if adversary is not None and reset_state:
+            adversary_state = adversary.init(params)
+        return out, inner_state, adversary_state
+
+    out, inner_state, adversary_state = jax.lax.cond(descend, descent, ascend, (state.inner, state.adversary))
+    count = jnp.where(descend, 0, state.steps_since_sync + 1).astype(state.steps_since_sync.dtype)
+    return out, SamState(inner=inner_state, adversary=adversary_state, outer_params=outer, steps_since_sync=count)
+
+
+@combinator(wraps=True)
+def sam(inner: Update, rho: ScalarOrSchedule = 0.05, sync_period: int = 2, *, reset_state: bool = True,
+        adversary: Update | None = None) -> Update:
+    """Sharpness-aware minimisation: ascent steps, then the step of the pipeline before it from the start.
+
+    Each cycle of ``k = sync_period`` calls takes ``k - 1`` adversarial
+    (ascent) steps from the outer params ``w`` and then one descent step of
+    the pipeline before it (the outer optimizer) with the gradient at the
+    perturbed params, applied at ``w``; one gradient per call, as in the
+    usual loop (optax.contrib.sam's default, non-opaque mode)::
+
+        ascent:   u = ε = ρ·d/‖d‖,  d = g (or adversary(g)); ε = 0 if d = 0
+        descent:  u = w - p + inner(g at w + ε),  and the cycle restarts
+
+    With ``k = 2`` that is the paper's SAM with ``p = 2``. The gradients of
+    the ascent calls (and any loss or metric at the perturbed params) are
+    not the model's: read ``steps_since_sync`` (0 after a descent) to tell
+    them apart. ``adversary`` shapes the ascent direction (``rho`` sets its
+    length): ``adversary=ux.scale_by_adam()`` is optax's
+    ``adv_optimizer=chain(scale_by_adam(), normalize(), sgd(rho))``.
+
+    Args:
+        rho: ``ρ``, the length of each ascent step, >= 0. Default: ``0.05``.
+        sync_period: ``k``, the calls per descent step, an integer >= 1
+            (1: no ascent, the pipeline before it alone). Default: ``2``.
+        reset_state: restart the adversary from its ``init`` after each
+            descent step. Default: ``True``.
+        adversary: a pipeline whose output is the ascent direction, or None
+            for the gradient itself. Default: ``None``.
+
+    Returns:
+        An update object with state ``SamState(inner, adversary,
+        outer_params, steps_since_sync)``; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-0.1).sam(rho=0.5)
+        >>> opt
+        scale(step_size=-0.1) |> sam(rho=0.5, sync_period=2, reset_state=True)
+        >>> params = {"w": jnp.array([3.0, 4.0])}
+        >>> state = opt.init(params)
+        >>> u, state = opt.update({"w": jnp.array([3.0, 4.0])}, state, params)
+        >>> u["w"]  # ascend by 0.5 along g/|g|
+        Array([0.3, 0.4], dtype=float32)
+        >>> perturbed = ux.apply_updates(params, u)
+        >>> u, state = opt.update({"w": jnp.array([1.0, 2.0])}, state, perturbed)
+        >>> ux.apply_updates(perturbed, u)["w"]  # w - 0.1·g(w + ε)
+        Array([2.9, 3.8], dtype=float32)
+
+    References:
+        Foret et al., "Sharpness-Aware Minimization for Efficiently Improving
+        Generalization", ICLR 2021. https://arxiv.org/abs/2010.01412;
+        optax.contrib.sam.
+    """
+    call = "sam"
+    if adversary is not None and not isinstance(adversary, Update):
+        check.fail(call, "adversary", adversary, "must be None or an update object", TypeError)
+    options = {"inner": inner, "rho": check.nonnegative(call, "rho", rho),
+               "sync_period": check.positive_int(call, "sync_period", sync_period),
+               "reset_state": check.flag(call, "reset_state", reset_state), "adversary": adversary}
+    return stateful(_init_sam, _apply_sam, name=call, options=options, wraps="inner", needs_params=True,
+                    schedulable=("rho",))
+
+
+# --------------------------------------------------------------------------
+# Optimistic gradients
+
+
+class ScaleByOptimisticGradientState(NamedTuple):
+    """The previous call's input (the gradient, or the direction of the stage before), and whether none came yet."""
+
+    previous_gradient: Any
+    is_initial_step: jax.Array
+
+
+def _init_optimistic(params, *, accumulator_dtype):
+    return ScaleByOptimisticGradientState(previous_gradient=_tree.accumulators(params, accumulator_dtype),
+                                          is_initial_step=jnp.ones([], bool))
+
+
+def _apply_optimistic(updates, state, params, *, alpha, beta):
+    first = state.is_initial_step
+
+    def leaf(g, previous):
+        previous = jnp.where(first, g, previous)  # before the first step there is no previous one: take g
+        return (alpha + beta) * g - beta * previous, g
+
+    u, previous = per_leaf("scale_by_optimistic_gradient", leaf, (updates, state.previous_gradient),
+                           ("updates", "state.previous_gradient"))
+    return u, ScaleByOptimisticGradientState(previous_gradient=previous, is_initial_step=jnp.zeros([], bool))
+
+
+@combinator
+def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSchedule = 1.0, *,
+                                 accumulator_dtype: DType = None) -> Update:
+    """Optimistic gradients: the update extrapolates from the previous one, ``(α + β)·g - β·g_prev``.
+
+    Update rule (``g_prev`` the previous call's input; on the first call
+    ``g_prev = g``, so the first update is ``α·g``)::
+
+        u = (alpha + beta)·g - beta·g_prev
+
+    With ``alpha = beta = 1`` and a learning rate ``η`` after it, it is
+    optimistic mirror descent, ``w ← w - 2η·g_t + η·g_(t-1)``; after
+    ``scale_by_adam`` it is Optimistic Adam. Use it for min-max problems
+    (GANs, games), where plain gradient steps cycle.
+
+    Args:
+        alpha: the weight of the current gradient, >= 0. Default: ``1.0``.
+        beta: the optimism, the weight of the change since the previous
+            gradient, >= 0. Default: ``1.0``.
+        accumulator_dtype: storage dtype of ``previous_gradient``; None keeps
+            the params' dtype but at least float32. Default: ``None``.
+
+    Returns:
+        An update object with state
+        ``ScaleByOptimisticGradientState(previous_gradient, is_initial_step)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_optimistic_gradient()
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> u1, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u2, state = opt.update({"w": jnp.array([3.0])}, state)
+        >>> u1["w"], u2["w"]  # g, then 2·3 - 1
+        (Array([1.], dtype=float32), Array([5.], dtype=float32))
+
+    References:
+        Daskalakis et al., "Training GANs with Optimism", ICLR 2018.
+        https://arxiv.org/abs/1711.00141; Mokhtari et al., "A Unified
+        Analysis of Extra-gradient and Optimistic Gradient Methods for Saddle
+        Point Problems", AISTATS 2020 (alpha, beta).
+        https://arxiv.org/abs/1901.08511
+    """
+    call = "scale_by_optimistic_gradient"
+    options = {"alpha": check.nonnegative(call, "alpha", alpha), "beta": check.nonnegative(call, "beta", beta),
+               "accumulator_dtype": check.float_dtype(call, "accumulator_dtype", accumulator_dtype)}
+    return stateful(_init_optimistic, _apply_optimistic, name=call, options=options, schedulable=("alpha", "beta"))
