@@ -34,7 +34,8 @@ def _expected_state(pipeline: Any, reference: Any) -> Any:
     cache = pipeline._state_shapes
     if key not in cache:
         try:
-            cache[key] = jax.eval_shape(pipeline.init, reference)
+            with _tree.shapes_only():
+                cache[key] = jax.eval_shape(pipeline.init, reference)
         except Exception:  # e.g. a mask that looks at values: the step reports its own errors then
             cache[key] = None
         if len(cache) > 64:  # params of many shapes through one object: keep the newest

@@ -206,8 +206,9 @@ def apply_updates(params: Any, updates: Any) -> Any:
             raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
                             "the imaginary part would be dropped")
         wide = _tree.wider(p.dtype, u.dtype)
+        total = jax.lax.add(_tree.cast(p, wide), _tree.cast(u, wide))  # (one dtype: lax traces fastest)
         # The param's sharding too: an update sharded otherwise (ZeRO-1's, split over the data axis) is gathered.
-        return _tree.place_like((p.astype(wide) + u.astype(wide)).astype(p.dtype), p)
+        return _tree.place_like(_tree.cast(total, p.dtype), p)
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
     return jax.tree_util.tree_map_with_path(add, params, updates)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
 
 import jax
@@ -92,6 +94,12 @@ def wider(*dtypes):
     return max(dtypes, key=lambda d: d.itemsize)
 
 
+def cast(x, dtype):
+    """``x.astype(dtype)``, or ``x`` itself where that would change nothing: the kernels cast every leaf to the
+    compute dtype and back, and while tracing even an astype to the same dtype costs a call into jax.numpy."""
+    return x if x.dtype == dtype and not x.weak_type else x.astype(dtype)
+
+
 def compute_dtype(*dtypes):
     """The dtype arithmetic runs in: at least float32 (bf16/f16 promote, f64 stays)."""
     return wider(jnp.float32, *dtypes)
@@ -128,6 +136,21 @@ def sharding_like(like, dims=None):
     return NamedSharding(sharding.mesh, PartitionSpec(*(None if d is None else spec[d] for d in dims)))
 
 
+#: False while only the shapes of new state are wanted (:func:`shapes_only`): placement ties are then skipped.
+_PLACING = contextvars.ContextVar("updax_placing", default=True)
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Within it, :func:`full` leaves out the placement ties it adds under jit: for ``jax.eval_shape`` of an
+    ``init`` whose result only its shapes and dtypes are read from (each tie is a traced select per leaf)."""
+    token = _PLACING.set(False)
+    try:
+        yield
+    finally:
+        _PLACING.reset(token)
+
+
 def _tied(value, like):
     """``value`` (shaped like ``like``) placed like ``like`` under jit on an Auto mesh, where no sharding is known
     while tracing: a select on a constant true, which XLA's sharding propagation reads before its simplifier
@@ -144,8 +167,8 @@ def full(shape, fill, dtype, like, dims=None):
     sharding = sharding_like(like, dims)
     if sharding is None:
         value = jnp.full(shape, fill, dtype)
-        traced = isinstance(like, jax.core.Tracer)
-        return _tied(value, like) if traced and dims is None and tuple(shape) == like.shape else value
+        tie = isinstance(like, jax.core.Tracer) and dims is None and tuple(shape) == like.shape and _PLACING.get()
+        return _tied(value, like) if tie else value
     if isinstance(like, jax.core.Tracer):
         return jnp.full(shape, fill, dtype, out_sharding=sharding)
     return jnp.full(shape, fill, dtype, device=sharding)

@@ -348,7 +348,7 @@ def projection_l2_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
     factor = radius / jnp.where(outside, norm, 1)
 
     def project(x):
-        return jnp.where(outside, (x.astype(c) * factor).astype(x.dtype), x)
+        return jnp.where(outside, (factor * x.astype(c)).astype(x.dtype), x)
 
     return treedef.unflatten([project(x) for x in leaves])
 

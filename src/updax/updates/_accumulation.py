@@ -14,7 +14,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import per_leaf
+from updax.updates._kernels import add, mul, per_leaf
 
 
 class TraceState(NamedTuple):
@@ -29,8 +29,8 @@ def _init_trace(params, *, accumulator_dtype):
 
 def _apply_trace(updates, state, params, *, decay, nesterov):
     def leaf(g, t):
-        t = decay * t + g
-        return (decay * t + g if nesterov else t), t
+        t = add(mul(decay, t), g)
+        return (add(mul(decay, t), g) if nesterov else t), t
 
     u, trace_ = per_leaf("trace", leaf, (updates, state.trace), ("updates", "state.trace"))
     return u, TraceState(trace=trace_)

@@ -18,7 +18,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, adam_direction, bias_corrections, moment, per_leaf, safe_sqrt
+from updax.updates._kernels import abs_sq, adam_directions, bias_corrections, moment, per_leaf, safe_sqrt, store
 
 # --------------------------------------------------------------------------
 # States
@@ -79,6 +79,25 @@ def _adam_like_update(call, leaf, updates, state, count):
     return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
 
 
+def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root):
+    """Like :func:`_adam_like_update` for a kernel whose update is Adam's direction: ``moments(g, mu, nu) ->
+    (mu, nu)`` gives the new moments (in the compute dtype), and :func:`adam_directions` the update from them,
+    for the whole tree at once (eagerly one program, not four per leaf shape; under ``jax.jit`` the same
+    kernels). Each moment is stored in its storage dtype only after the direction used it, as in one leaf
+    function."""
+    trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
+
+    def leaf(g, m, v):
+        c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype)
+        return moments(g.astype(c), m.astype(c), v.astype(c))
+
+    mu, nu = _tree.tree_map_unzip(call, leaf, 2, *trees, names=names)
+    u = adam_directions(mu, nu, c1, c2, eps, eps_root)
+    u, mu, nu = (jax.tree.map(lambda x, like, name=name: store(call, name, x, like), new, like)
+                 for new, like, name in zip((u, mu, nu), trees, names))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+
+
 #: The schedulable options of every Adam-like stage.
 _ADAM_SCHEDULABLE = ("b1", "b2", "eps", "eps_root")
 
@@ -110,10 +129,14 @@ def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
     c1, c2 = bias_corrections(count, b1, b2)
     m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
+    def moments(g, m, v):
+        return moment(b1, m, g), moment(b2, v, abs_sq(g))
+
+    if not nesterov:
+        return _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root)
+
     def leaf(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        if not nesterov:
-            return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+        m, v = moments(g, m, v)
         return m_hat(m, g) / (safe_sqrt(v / c2 + eps_root) + eps), m, v
 
     return _adam_like_update(call, leaf, updates, state, count)
@@ -315,12 +338,11 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def leaf(g, m, v):
+    def moments(g, m, v):
         g2 = abs_sq(g)
-        m, v = moment(b1, m, g), v - (1 - b2) * jnp.sign(v - g2) * g2
-        return adam_direction(m, v, c1, c2, eps, eps_root), m, v
+        return moment(b1, m, g), v - (1 - b2) * jnp.sign(v - g2) * g2
 
-    return _adam_like_update("scale_by_yogi", leaf, updates, state, count)
+    return _adam_moments_update("scale_by_yogi", moments, updates, state, count, c1, c2, eps, eps_root)
 
 
 @combinator

@@ -11,7 +11,7 @@ from updax._combinators import combinator
 from updax._primitives import stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, real_only, safe_sqrt
+from updax.updates._kernels import abs_sq, real_only, safe_sqrt, scaled
 
 
 def _apply_clip(updates, params, *, delta):
@@ -53,7 +53,7 @@ def clip(delta: ScalarOrSchedule = 2.0) -> Update:
 
 def global_norm(updates: PyTree) -> jax.Array:
     """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from ``|g|²``)."""
-    squares = [jnp.sum(abs_sq(g.astype(_tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
+    squares = [jnp.sum(abs_sq(_tree.cast(g, _tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
     return safe_sqrt(sum(squares, jnp.zeros([], jnp.float32)))  # (a finite gradient at a zero update)
 
 
@@ -64,8 +64,7 @@ def _apply_clip_by_global_norm(updates, params, *, max_norm):
     factor = jnp.where(norm < max_norm, 1.0, max_norm / jnp.where(norm < max_norm, 1.0, norm))
 
     def leaf(g):
-        c = _tree.compute_dtype(g.dtype)
-        return (g.astype(c) * factor.astype(c)).astype(g.dtype)
+        return scaled(g, factor)
 
     return jax.tree.map(leaf, updates)
 
@@ -165,7 +164,7 @@ def _apply_adaptive_grad_clip(updates, params, *, clipping, eps, axis):
         within = g_norm < bound
         # Double where: the branch not taken divides by 1 (a zero norm is within any bound but 0, where 0·g = g).
         factor = jnp.where(within, 1.0, bound / jnp.where(within | (g_norm == 0), 1.0, g_norm))
-        return (g.astype(c) * factor.astype(c)).astype(g.dtype)
+        return (factor.astype(c) * g.astype(c)).astype(g.dtype)
 
     _tree.check_same_structure(call, updates, params, "updates", "params")
     return jax.tree_util.tree_map_with_path(leaf, updates, params)

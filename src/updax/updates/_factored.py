@@ -191,7 +191,7 @@ def _rms(x):
 def _apply_scale_by_param_block_rms(updates, params, *, min_scale):
     def leaf(g, p):
         c = _tree.compute_dtype(g.dtype, p.dtype)
-        return (g.astype(c) * jnp.maximum(_rms(p.astype(c)), min_scale)).astype(g.dtype)
+        return (jnp.maximum(_rms(p.astype(c)), min_scale) * g.astype(c)).astype(g.dtype)
 
     return _tree.tree_map("scale_by_param_block_rms", leaf, updates, params, names=("updates", "params"))
 

@@ -15,7 +15,7 @@ import jax
 
 from updax import _tree
 from updax._fused import register_fused_path
-from updax.updates._kernels import adam_direction, bias_corrections, trust_ratios, trust_scaled
+from updax.updates._kernels import adam_directions, bias_corrections, trust_ratios, trust_scaled
 
 #: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
 RECOMPUTE_MIN_SHARED = 16
@@ -69,7 +69,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
     c1, c2 = bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
-    again = jax.tree.map(lambda g, m, v: adam_direction(m, v, c1, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
+    again = jax.tree.map(lambda g, u: u.astype(g.dtype), updates, adam_directions(mu, nu, c1, c2, eps, eps_root))
     again = through_middle(again, p)
     scaled = jax.tree.map(lambda u, again, r: trust_scaled(again if recompute(u) else u, r), u, again, ratios)
     return scaled, new_states

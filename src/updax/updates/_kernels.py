@@ -35,19 +35,22 @@ def per_leaf(call: str, fn: Callable[..., tuple], trees: Sequence[Any], names: S
     storage dtype. The trees must match ``trees[0]``; a mismatch names
     ``call`` and the first differing path.
     """
-    def store(out, x, name):
-        if jnp.iscomplexobj(out) and not jnp.iscomplexobj(x):
-            raise TypeError(f"{call}: {name} is stored as {x.dtype} but holds complex values; keep the "
-                            "accumulators of complex params complex (leave the *_dtype option at None)")
-        return out.astype(x.dtype)
-
     def leaf(*xs):
         c = _tree.compute_dtype(*(x.dtype for x in xs))
-        outs = fn(*(x.astype(c) for x in xs))
-        return tuple(store(out, x, name) for out, x, name in zip(outs, xs, names))
+        outs = fn(*(_tree.cast(x, c) for x in xs))
+        return tuple(store(call, name, out, x) for out, x, name in zip(outs, xs, names))
 
     n_out = len(trees) if n_out is None else n_out
     return _tree.tree_map_unzip(call, leaf, n_out, *trees, names=tuple(names))
+
+
+def store(call: str, name: str, out: jax.Array, like: jax.Array) -> jax.Array:
+    """``out`` in the dtype of ``like``, the leaf it replaces; a complex ``out`` for a real ``like`` is refused
+    by name (its imaginary part would be dropped)."""
+    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(like):
+        raise TypeError(f"{call}: {name} is stored as {like.dtype} but holds complex values; keep the "
+                        "accumulators of complex params complex (leave the *_dtype option at None)")
+    return _tree.cast(out, like.dtype)
 
 
 def real_only(call: str, tree: Any, name: str = "updates") -> None:
@@ -63,14 +66,52 @@ def real_only(call: str, tree: Any, name: str = "updates") -> None:
                             "'Complex numbers' in docs/guide.md for the stages that support them")
 
 
+# --------------------------------------------------------------------------
+# Arithmetic that traces fast. jax.numpy's operators are jitted functions: while a step is traced, each one
+# is traced again for every new leaf shape, which on a model of a thousand leaf shapes is most of the tracing
+# (and, eagerly, a small program per shape). lax's primitives bind directly. The helpers below take them
+# where the operands' dtypes already agree (arrays of one dtype, or a Python float with an array of the
+# default float dtype), which gives the same numbers as jax.numpy's promotion, and jax.numpy otherwise.
+
+
+def _lax_ready(a: Any, b: Any) -> bool:
+    da, db = getattr(a, "dtype", None), getattr(b, "dtype", None)
+    if da is not None and db is not None:
+        return da == db and not jnp.issubdtype(da, jnp.integer)
+    dtype, other = (da, b) if da is not None else (db, a)
+    return type(other) is float and dtype == jax.dtypes.canonicalize_dtype(float)
+
+
+def mul(a: Any, b: Any) -> Any:
+    """``a * b``."""
+    return jax.lax.mul(a, b) if _lax_ready(a, b) else a * b
+
+
+def add(a: Any, b: Any) -> Any:
+    """``a + b``."""
+    return jax.lax.add(a, b) if _lax_ready(a, b) else a + b
+
+
+def div(a: Any, b: Any) -> Any:
+    """``a / b`` (for floating operands)."""
+    return jax.lax.div(a, b) if _lax_ready(a, b) else a / b
+
+
+def _sqrt(x: jax.Array) -> jax.Array:
+    return jax.lax.sqrt(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.sqrt(x)
+
+
 def abs_sq(x: jax.Array) -> jax.Array:
     """``|x|²``, real: ``x·x`` for a real ``x`` (bit for bit), ``(x·conj(x)).real`` for a complex one."""
-    return (x * jnp.conj(x)).real if jnp.iscomplexobj(x) else x * x
+    return (x * jnp.conj(x)).real if jnp.iscomplexobj(x) else mul(x, x)
 
 
 @jax.custom_jvp
-def safe_sqrt(x: jax.Array) -> jax.Array:
+def safe_sqrt(x: Any) -> Any:
     """``sqrt(x)`` for ``x >= 0``, bit for bit, whose derivative at ``x = 0`` is taken as 0 instead of infinite.
+
+    ``x`` is an array or a pytree of them (one call for a whole tree traces
+    faster than one per leaf).
 
     The kernels take roots of sums of squares: norms, and second moments plus
     ``eps_root >= 0``. Where such a sum is 0 it is at its minimum, so its
@@ -80,20 +121,25 @@ def safe_sqrt(x: jax.Array) -> jax.Array:
     one-sided derivative infinite where the numerator is not 0 as well; it is
     taken as 0 there too.
     """
-    return jnp.sqrt(x)
+    return jax.tree.map(_sqrt, x)
 
 
 @safe_sqrt.defjvp
 def _safe_sqrt_jvp(primals, tangents):
+    def leaf(x, dx):
+        root = _sqrt(x)
+        nonzero = root != 0  # (not root > 0: a complex moment holding real values comes here too)
+        return root, dx * jnp.where(nonzero, 0.5 / jnp.where(nonzero, root, 1.0), 0.0)
+
     (x,), (dx,) = primals, tangents
-    root = jnp.sqrt(x)
-    nonzero = root != 0  # (not root > 0: a complex moment holding real values comes here too)
-    return root, dx * jnp.where(nonzero, 0.5 / jnp.where(nonzero, root, 1.0), 0.0)
+    treedef = jax.tree.structure(x)
+    pairs = [leaf(a, b) for a, b in zip(treedef.flatten_up_to(x), treedef.flatten_up_to(dx))]
+    return treedef.unflatten([r for r, _ in pairs]), treedef.unflatten([t for _, t in pairs])
 
 
 def moment(decay: Any, old: jax.Array, new: jax.Array) -> jax.Array:
     """An exponential moving average's step: ``decay·old + (1 - decay)·new``."""
-    return decay * old + (1 - decay) * new
+    return add(mul(decay, old), mul(1 - decay, new))
 
 
 def bias_corrections(count: jax.Array, *decays: Any) -> tuple[jax.Array, ...]:
@@ -104,13 +150,29 @@ def bias_corrections(count: jax.Array, *decays: Any) -> tuple[jax.Array, ...]:
 
 def adam_direction(m: jax.Array, v: jax.Array, c1: Any, c2: Any, eps: Any, eps_root: Any) -> jax.Array:
     """Adam's step from the new moments and the bias corrections: ``m̂ / (sqrt(v̂ + eps_root) + eps)``."""
-    return (m / c1) / (safe_sqrt(v / c2 + eps_root) + eps)
+    return div(div(m, c1), add(safe_sqrt(add(div(v, c2), eps_root)), eps))
+
+
+@jax.jit
+def adam_directions(mu: Any, nu: Any, c1: Any, c2: Any, eps: Any, eps_root: Any) -> Any:
+    """:func:`adam_direction` over whole trees of new moments, as one jitted function.
+
+    Under ``jax.jit`` it is inlined and XLA fuses it with the moments' kernels
+    as before. Eagerly it is one small program for the whole tree, where the
+    formula op by op is four (two divisions by a scalar, a root, a division)
+    for every distinct leaf shape: optax's ``tree_bias_correction`` does the
+    same. Eager numbers are therefore XLA's, as under ``jax.jit``: it divides
+    by a scalar as a multiplication by its reciprocal, which can differ from
+    the division in the last bit.
+    """
+    roots = safe_sqrt(jax.tree.map(lambda v: add(div(v, c2), eps_root), nu))  # (one root for the tree)
+    return jax.tree.map(lambda m, root: div(div(m, c1), add(root, eps)), mu, roots)
 
 
 def scaled(g: jax.Array, factor: Any) -> jax.Array:
     """``g·factor`` computed in at least float32, in ``g``'s dtype."""
     c = _tree.compute_dtype(g.dtype)
-    return (g.astype(c) * factor).astype(g.dtype)
+    return _tree.cast(mul(factor, _tree.cast(g, c)), g.dtype)
 
 
 # --------------------------------------------------------------------------
@@ -143,7 +205,7 @@ def trust_ratios(updates: Any, params: Any, min_norm: Any, trust_coefficient: An
 def trust_scaled(g: jax.Array, ratio: jax.Array) -> jax.Array:
     """``g`` rescaled by its trust ratio, in ``g``'s dtype (a complex ``g`` keeps its phase: the ratio is real)."""
     c = _tree.compute_dtype(g.dtype, ratio.dtype)
-    return (g.astype(c) * ratio.astype(c)).astype(g.dtype)
+    return (ratio.astype(c) * g.astype(c)).astype(g.dtype)
 
 
 # --------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def _two_loop(q, s_memory, y_memory, rhos, gamma, newest_first):
                             pick(s_memory, i)), None
 
     q, alphas = jax.lax.scan(backward, q, newest_first)
-    r = jax.tree.map(lambda x: x * gamma.astype(x.dtype), q)
+    r = jax.tree.map(lambda x: gamma.astype(x.dtype) * x, q)
     r, _ = jax.lax.scan(forward, r, (newest_first[::-1], alphas[::-1]))
     return r
 

@@ -26,7 +26,7 @@ from updax._options import keywords
 from updax._primitives import stateful
 from updax._stage import ScheduledState
 from updax._update import Update
-from updax.updates._kernels import real_only
+from updax.updates._kernels import real_only, scaled
 from updax.updates._lbfgs import real_dtype, tree_vdot
 
 __all__ = ["ScaleByBacktrackingLinesearchState", "ScaleByZoomLinesearchState", "scale_by_backtracking_linesearch",
@@ -87,7 +87,7 @@ def _like(tree, like):
 
 
 def _scaled(updates, step):
-    return jax.tree.map(lambda u: (u.astype(_tree.compute_dtype(u.dtype)) * step).astype(u.dtype), updates)
+    return jax.tree.map(lambda u: scaled(u, step), updates)
 
 
 def _not_nan(error):

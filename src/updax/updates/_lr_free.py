@@ -29,6 +29,7 @@ from updax.updates._kernels import (
     filled,
     real_only,
     safe_sqrt,
+    scaled,
 )
 from updax.updates._masking import leaf_mask
 
@@ -412,7 +413,7 @@ def _apply_scale_by_dog(updates, state, params, *, init_step, init_step_type, ep
     step = _div(max_dist, safe_sqrt(sum_sq + eps))
     if init_step_type == "learning_rate":
         step = jnp.where(state.count == 0, jnp.asarray(init_step, dtype), step)
-    out = _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+    out = _tree.tree_map(call, lambda g: scaled(g, step), updates)
     return out, ScaleByDogState(init_params=state.init_params, max_dist=max_dist.astype(dtype),
                                 sum_sq_norm_grads=sum_sq.astype(dtype), count=_tree.safe_increment(state.count))
 
@@ -479,7 +480,7 @@ def _apply_scale_by_dowg(updates, state, params, *, eps):
     sq_dist = jnp.maximum(state.estim_sq_dist, _distance_sq(call, params, state.init_params, dtype))
     weighted = state.weighted_sq_norm_grads + sq_dist * _sq_norm(updates, dtype)
     step = _div(sq_dist, safe_sqrt(weighted) + eps)
-    out = _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+    out = _tree.tree_map(call, lambda g: scaled(g, step), updates)
     return out, ScaleByDowgState(init_params=state.init_params, estim_sq_dist=sq_dist.astype(dtype),
                                  weighted_sq_norm_grads=weighted.astype(dtype))
 
@@ -622,7 +623,7 @@ def _apply_scale_by_polyak(updates, params, *, f_min, max_learning_rate, eps, va
         gap = jnp.maximum(gap, 0)
     denominator = _sq_norm(updates, dtype) + eps
     step = jnp.where(denominator > 0, jnp.minimum(_div(gap, denominator), max_learning_rate), 0)
-    return _tree.tree_map(call, lambda g: (g.astype(_tree.compute_dtype(g.dtype)) * step).astype(g.dtype), updates)
+    return _tree.tree_map(call, lambda g: scaled(g, step), updates)
 
 
 @combinator

@@ -16,13 +16,14 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.updates._kernels import add, mul
 from updax.updates._masking import leafwise
 
 
 def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
     def leaf(g, p):
         c = _tree.compute_dtype(g.dtype, p.dtype)
-        return (g.astype(c) + decay * p.astype(c)).astype(g.dtype)
+        return _tree.cast(add(_tree.cast(g, c), mul(decay, _tree.cast(p, c))), g.dtype)
 
     return leafwise("add_decayed_weights", leaf, mask, updates, params)
 

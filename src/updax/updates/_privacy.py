@@ -9,6 +9,7 @@ pipeline, and a pipeline holds one of them.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -34,7 +35,7 @@ def _clipped_sum(updates, l2_norm_clip):
     computes = [_tree.compute_dtype(g.dtype) for g in leaves]
     squares = [jnp.sum(abs_sq(g.astype(c)), axis=tuple(range(1, g.ndim))) for g, c in zip(leaves, computes)]
     real = _tree.wider(*(s.dtype for s in squares))
-    norms = safe_sqrt(sum((s.astype(real) for s in squares), jnp.zeros([], real)))  # one per example
+    norms = safe_sqrt(functools.reduce(jnp.add, (s.astype(real) for s in squares)))  # one per example
     bound = jnp.asarray(l2_norm_clip).astype(real)
     within = norms <= bound
     # Double where: the branch not taken divides by 1, so a zero norm gives no NaN (nor a NaN gradient).

@@ -139,8 +139,8 @@ def _apply_scale_by_rprop(updates, state, params, *, eta_minus, eta_plus, min_st
 
     def leaf(g, s, prev):
         agree = jnp.sign(g) * jnp.sign(prev)
-        grown = jnp.minimum(s * eta_plus, max_step_size)
-        shrunk = jnp.maximum(s * eta_minus, min_step_size)
+        grown = jnp.minimum(eta_plus * s, max_step_size)
+        shrunk = jnp.maximum(eta_minus * s, min_step_size)
         s = jnp.where(agree > 0, grown, jnp.where(agree < 0, shrunk, s))
         step = jnp.where(agree < 0, 0.0, s * jnp.sign(g))
         return step, s, step

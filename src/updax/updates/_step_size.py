@@ -168,7 +168,8 @@ def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
 
 
 def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
-    return jax.tree.map(lambda g: scaled(g, -learning_rate), updates)
+    factor = -learning_rate
+    return jax.tree.map(lambda g: scaled(g, factor), updates)
 
 
 @combinator

@@ -154,7 +154,7 @@ def _apply_sam(updates, state, params, *, inner, adversary, rho, sync_period, re
 
         def leaf(d):
             c = _tree.compute_dtype(d.dtype, scale.dtype)
-            return (d.astype(c) * scale.astype(c)).astype(d.dtype)
+            return (scale.astype(c) * d.astype(c)).astype(d.dtype)
 
         return jax.tree.map(leaf, direction), inner_state, adversary_state
 

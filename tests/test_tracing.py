@@ -1,0 +1,130 @@
+"""What a step costs before it runs: the programs an eager ``update`` compiles, and the fast-tracing arithmetic.
+
+Eagerly, every jax.numpy operation compiles a small program per distinct
+operand signature (shapes, dtypes, weak types, and the order of a scalar
+and an array), so the first ``update`` on a model of many leaf shapes is
+mostly compilation. The kernels write each operation one way (a scalar
+times an array, an array plus a scalar) and take Adam's direction for the
+whole tree in one jitted function, as optax takes its bias correction.
+These tests count the programs the first eager step compiles, against
+optax's for the same rule, and check that the lax helpers the kernels use to
+trace fast compute what jax.numpy's operators compute.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import updax as ux
+from updax.updates import _kernels
+
+O = ux.optimizers
+
+
+class _Compiles(logging.Handler):
+    """Counts the distinct programs JAX reports compiling while it is installed (``jax_log_compiles``)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.programs = set()
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling "):
+            self.programs.add(message.split(". Argument")[0])
+
+
+def _first_eager_step_programs(opt, apply, params, grads):
+    jax.clear_caches()
+    state = opt.init(params)
+    jax.block_until_ready(state)
+    handler = _Compiles()
+    loggers = [logging.getLogger(name) for name in ("jax._src.dispatch", "jax._src.interpreters.pxla")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+    try:
+        with jax.log_compiles(True):
+            updates, state = opt.update(grads, state, params)
+            jax.block_until_ready(apply(params, updates))
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+    return len(handler.programs)
+
+
+def _model():
+    """Four leaf shapes, two leaves of each (as the layers of a small transformer)."""
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return jnp.asarray(rng.normal(size=shape), jnp.float32)
+
+    return [{"wq": w(16, 16), "w1": w(16, 32), "w2": w(32, 16), "ln": w(16)} for _ in range(2)]
+
+
+RECIPES = {
+    "adam": (lambda: O.adam(1e-3, eps_root=0.0), lambda: optax.adam(1e-3)),
+    "adamw": (lambda: O.adamw(1e-3, eps_root=0.0, decay=1e-4), lambda: optax.adamw(1e-3, weight_decay=1e-4)),
+    "clip+adamw": (lambda: ux.clip_by_global_norm(1.0).pipe(ux.compose, O.adamw(1e-3, eps_root=0.0, decay=1e-4)),
+                   lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=1e-4))),
+    "sgd+momentum": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
+    "lion": (lambda: O.lion(1e-4, decay=1e-3), lambda: optax.lion(1e-4, weight_decay=1e-3)),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_first_eager_step_compiles_no_more_programs_than_optax(recipe):
+    params = _model()
+    grads = jax.tree.map(lambda p: 0.01 * p, params)
+    ours, theirs = (make() for make in RECIPES[recipe])
+    n_ours = _first_eager_step_programs(ours, ux.apply_updates, params, grads)
+    n_theirs = _first_eager_step_programs(theirs, optax.apply_updates, params, grads)
+    print(f"{recipe}: updax {n_ours} programs, optax {n_theirs}")
+    assert 0 < n_ours <= n_theirs
+
+
+def test_adam_compiles_three_programs_per_leaf_shape_eagerly():
+    """The moments (a scalar times an array, a sum, a square) per shape; the direction once for the tree."""
+    def count(shapes):
+        params = [jnp.ones(s) for s in shapes]
+        return _first_eager_step_programs(ux.scale_by_adam(), lambda p, u: u, params, params)
+
+    assert count([(3,), (4,), (5,), (6,)]) - count([(3,), (4,)]) == 2 * 3
+
+
+# --------------------------------------------------------------------------
+# The lax helpers compute what jax.numpy's operators compute
+
+OPERANDS = {
+    "f32 arrays": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: jnp.asarray([0.1, 7.0, -3.0],
+                                                                                             jnp.float32)),
+    "f32 and a python float": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: 0.1),
+    "a python float and f32": (lambda: 0.999, lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32)),
+    "f32 and a 0-d f32": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: jnp.float32(0.3)),
+    "f32 and a weak 0-d": (lambda: jnp.asarray([1.5, -2.25], jnp.float32), lambda: jnp.asarray(0.3)),
+    "bf16 and a python float": (lambda: jnp.asarray([1.5, -2.25], jnp.bfloat16), lambda: 0.1),
+    "complex and a python float": (lambda: jnp.asarray([1 + 2j, -3j], jnp.complex64), lambda: 0.5),
+    "f32 and a python int": (lambda: jnp.asarray([1.5, -2.25], jnp.float32), lambda: 3),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("operands", sorted(OPERANDS))
+@pytest.mark.parametrize("name, reference", [("mul", lambda a, b: a * b), ("add", lambda a, b: a + b),
+                                             ("div", lambda a, b: a / b)])
+def test_the_fast_helpers_equal_the_operators(name, reference, operands, jit):
+    a, b = (make() for make in OPERANDS[operands])
+    helper = getattr(_kernels, name)
+    run = (lambda f: jax.jit(f)(a, b)) if jit else (lambda f: f(a, b))
+    got, want = run(helper), run(reference)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
