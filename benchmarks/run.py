@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import statistics
 import subprocess
@@ -152,6 +153,9 @@ def compile_step(opt, params, grads):
     """
     state = opt.init(params)
     step = make_step(opt)
+    # Cold caches for both sides: jax.numpy's operators trace once per leaf shape and keep what they traced, so
+    # the side that traced the same shapes second would otherwise get part of its tracing for free.
+    jax.clear_caches()
     start = time.perf_counter()
     compiled = step.lower(params, state, grads).compile()
     seconds = time.perf_counter() - start
@@ -186,11 +190,16 @@ class Bandwidth:
 
 
 def time_side_by_side(fns, params, grads, repeats, bw=None):
-    """Median seconds per call of each compiled step, interleaved call by call (and the bandwidth kernel)."""
+    """Median seconds per call of each compiled step, interleaved call by call (and the bandwidth kernel).
+
+    The order within a round alternates (A B, then B A): the step that runs right after the bandwidth kernel
+    finds the caches flushed by it, which measurably slowed whichever side always ran first.
+    """
     carries = [(copy(params), copy(init)) for _, init in fns]
     times = [[] for _ in fns]
     for r in range(repeats + 2):  # two warm-up rounds
-        for i, (fn, _) in enumerate(fns):
+        for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+            fn = fns[i][0]
             p, s = carries[i]
             start = time.perf_counter()
             p, s = fn(p, s, grads)
@@ -224,17 +233,48 @@ def check_equal(steps, params):
     return worst
 
 
+class CompileLog(logging.Handler):
+    """The distinct programs JAX compiles while it is installed (with ``jax.log_compiles``)."""
+
+    LOGGERS = ("jax._src.dispatch", "jax._src.interpreters.pxla")
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.programs = set()
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling "):
+            self.programs.add(message.split(". Argument")[0])
+
+    def __enter__(self):
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+            logging.getLogger(name).setLevel(logging.DEBUG)
+        self._log = jax.log_compiles(True)
+        self._log.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._log.__exit__(*exc)
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
+
+
 def eager_step_time(opt, params, grads, repeats=3):
-    """Seconds of the first eager ``update`` (which compiles every op for every new leaf shape) and the
-    median of the next ``repeats`` calls."""
+    """Seconds of the first eager ``update`` (which compiles every op for every new leaf shape), the number of
+    programs it compiled, and the median seconds of the next ``repeats`` calls."""
     state = opt.init(params)
+    jax.block_until_ready(state)
     times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        updates, state = opt.update(grads, state, params)
-        jax.block_until_ready(updates)
-        times.append(time.perf_counter() - start)
-    return times[0], statistics.median(times[1:])
+    for r in range(repeats + 1):
+        with CompileLog() as log:
+            start = time.perf_counter()
+            updates, state = opt.update(grads, state, params)
+            jax.block_until_ready(updates)
+            times.append(time.perf_counter() - start)
+        programs = len(log.programs) if r == 0 else programs
+    return times[0], programs, statistics.median(times[1:])
 
 
 #: Eager cases: (workload, recipe, leaves kept). On S every op compiles once per leaf shape on first use,
@@ -340,6 +380,7 @@ def train_step_case(recipe, repeats, quick, optax_first=False, report=True):
     fns, compiles = [None, None], [None, None]
     for i in ((1, 0) if optax_first else (0, 1)):
         state = opts[i].init(params)
+        jax.clear_caches()  # (cold caches for both sides, as in compile_step)
         start = time.perf_counter()
         compiled = make(opts[i]).lower(params, state, None).compile()
         compiles[i] = time.perf_counter() - start
@@ -380,10 +421,13 @@ def markdown(result):
             cell(r, "{:.0f} / {:.0f}", "updax_peak_mb", "optax_peak_mb"),
             cell(r, "{:.0e}", "max_rel_diff")]) + " |")
     if result.get("eager"):
-        lines += ["", "Eager (un-jitted) `update`: the first call, then the median of the next 3:", "",
-                  "| workload | recipe | updax first | optax first | updax then | optax then |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "Eager (un-jitted) `update`: the first call and the programs it compiled, then the median of "
+                  "the next 3:", "",
+                  "| workload | recipe | updax first | optax first | updax programs | optax programs | updax then | "
+                  "optax then |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {e['workload']} | {e['recipe']} | {e['updax_first_s']:.2f} s | {e['optax_first_s']:.2f} s | "
+                  f"{e.get('updax_programs', '-')} | {e.get('optax_programs', '-')} | "
                   f"{1e3 * e['updax_s']:.0f} ms | {1e3 * e['optax_s']:.0f} ms |" for e in result["eager"]]
     return "\n".join(lines) + "\n"
 
@@ -441,26 +485,34 @@ def main(argv=None):
         for recipe in recipes:
             rows.append(train_step_case(recipe, repeats, args.quick, optax_first=len(rows) % 2 == 1))
     for name, recipe, kept in [case for case in EAGER_CASES if case[0] in chosen and case[1] in recipes]:
-        (ux_first, ux_s), (ox_first, ox_s) = (eager_case(side, name, recipe, kept, args.quick)
-                                              for side in ("updax", "optax"))
+        (ux_first, ux_programs, ux_s), (ox_first, ox_programs, ox_s) = (
+            eager_case(side, name, recipe, kept, args.quick) for side in ("updax", "optax"))
         eager.append({"workload": name if kept is None else f"{name} ({kept} leaves)", "recipe": recipe,
-                      "updax_first_s": ux_first, "optax_first_s": ox_first, "updax_s": ux_s, "optax_s": ox_s})
-        print(f"eager  {eager[-1]['workload']} {recipe}: first call updax {ux_first:.2f} s, optax {ox_first:.2f} s; "
-              f"then updax {1e3 * ux_s:.0f} ms, optax {1e3 * ox_s:.0f} ms", flush=True)
+                      "updax_first_s": ux_first, "optax_first_s": ox_first, "updax_s": ux_s, "optax_s": ox_s,
+                      "updax_programs": ux_programs, "optax_programs": ox_programs})
+        print(f"eager  {eager[-1]['workload']} {recipe}: first call updax {ux_first:.2f} s ({ux_programs} programs), "
+              f"optax {ox_first:.2f} s ({ox_programs}); then updax {1e3 * ux_s:.0f} ms, optax {1e3 * ox_s:.0f} ms",
+              flush=True)
+    device = jax.devices()[0]
     result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
-              "machine": f"{platform.machine()}, {jax.device_count()} {jax.devices()[0].platform} device(s), "
-                         f"python {sys.version.split()[0]}",
+              "platform": device.platform, "device_kind": device.device_kind, "device_count": jax.device_count(),
+              "machine": f"{platform.machine()}, {jax.device_count()} {device.platform} device(s) "
+                         f"({device.device_kind}), python {sys.version.split()[0]}",
               "quick": args.quick, "repeats": repeats,
               "bandwidth_gb_s": bw.bytes_per_second() / 1e9 if bw.seconds else float("nan"),
               "rows": rows, "eager": eager}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "-quick" if args.quick else ""
+    # CPU and accelerator results are kept apart: results.json is the CPU run, results-gpu.json a GPU run.
+    suffix = ("" if device.platform == "cpu" else f"-{device.platform}") + ("-quick" if args.quick else "")
     (out / f"results{suffix}.json").write_text(json.dumps(result, indent=1))
     (out / f"results{suffix}.md").write_text(markdown(result))
     print(f"wrote {out / f'results{suffix}.json'} and {out / f'results{suffix}.md'}")
     if not args.quick:
-        plot(result, Path(args.plot))
+        plot_path = Path(args.plot)
+        if device.platform != "cpu":
+            plot_path = plot_path.with_name(f"{plot_path.stem}-{device.platform}{plot_path.suffix}")
+        plot(result, plot_path)
     return result
 
 
