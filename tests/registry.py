@@ -125,6 +125,9 @@ ENTRIES = {
     "scale_by_zoom_linesearch": lambda: ux.scale(-1.0).scale_by_zoom_linesearch(
         max_linesearch_steps=8, max_learning_rate=10.0, tol=0.0, increase_factor=2.0, slope_rtol=1e-4, curv_rtol=0.9,
         approx_dec_rtol=1e-6, stepsize_precision=1e-5, initial_guess_strategy="one", objective=half_squared_norm),
+    # (max_join_size=8: the registry's small leaves are joined, its larger ones keep their own buffers)
+    "flat_state": lambda: ux.scale_by_adam().add_decayed_weights(0.01).clip_by_global_norm(1.0).scale(-0.1)
+    .flat_state(max_join_size=8),
     "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
         max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
@@ -134,7 +137,7 @@ ENTRIES = {
 NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "scale_by_dowg", "scale_by_cocob",
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
-                "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch"}
+                "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
@@ -145,7 +148,7 @@ ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centrali
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
                    "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
-                   "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state"}
+                   "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state", "from_flat"}
 
 
 #: Entries whose updates are per-example: a leading axis of examples on every leaf, which the entry reduces (its

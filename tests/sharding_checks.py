@@ -57,6 +57,7 @@ def targets():
     out.update({f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(0.1))
                 for name in ux.optimizers.__all__})
     out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=half_squared_norm)  # its line search needs one
+    del out["flat_state"]  # its state is not shaped like the params: flat_state_on_a_mesh checks it
     return out
 
 
@@ -257,9 +258,40 @@ def checkpoint(axis_type):
     return result
 
 
+def flat_state_on_a_mesh(axis_type):
+    """flat_state refuses to join a leaf split over the mesh, by name; joining only replicated leaves, its steps
+    equal one device's and the leaves kept apart keep their params' shardings in the state."""
+    def build(max_join_size):
+        return lambda: ux.optimizers.adam(0.1).flat_state(max_join_size=max_join_size)
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    problems, params, grads = [], _tree(0), [_tree(t + 1) for t in range(STEPS)]
+    expected = single_device(build(3))
+    with jax.set_mesh(mesh):
+        sharded, sharded_grads = _place(params, mesh), [_place(g, mesh) for g in grads]
+        try:
+            build(8)().init(sharded)
+            problems.append("a split leaf was joined")
+        except ValueError as e:
+            if "is split over the devices of a mesh" not in str(e):
+                problems.append(f"another error: {e}")
+        opt = build(3)()  # only the scalar "s", replicated, is joined
+        state = opt.init(sharded)
+        mu = opt.get_state(state, "flat_state/scale_by_adam.mu")
+        for i, (path, x) in enumerate(jax.tree_util.tree_flatten_with_path(sharded)[0]):
+            if x.size > 3 and _spec(mu[f"leaf_{i:05d}"]) != _spec(x):
+                problems.append(f"mu of {jax.tree_util.keystr(path)}: {_spec(mu[f'leaf_{i:05d}'])}, its param {_spec(x)}")
+        outs, _ = _run(opt, sharded, sharded_grads)
+    for got, want in zip(jax.tree.leaves(outs), jax.tree.leaves(expected)):
+        if not np.allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7):
+            problems.append("the steps differ from one device's")
+            break
+    return {"name": "flat_state_on_a_mesh", "mesh": axis_type.name, "problems": problems}
+
+
 def main(names):
     assert jax.device_count() == 8, jax.devices()
-    for check_fn in (checkpoint,):
+    for check_fn in (checkpoint, flat_state_on_a_mesh):
         if not names or check_fn.__name__ in names:
             for axis_type in (AxisType.Explicit, AxisType.Auto):
                 try:

@@ -203,8 +203,14 @@ def test_an_orbax_checkpoint_of_sharded_state_restores_its_shardings(sharded_run
     assert specs["[0].v_row['w']"] == "('model',)" and specs["[5].average['w']"] == "('data', 'model')"
 
 
+@pytest.mark.parametrize("mesh", ["Explicit", "Auto"])
+def test_flat_state_joins_no_split_leaf_and_keeps_the_others_where_their_params_are(sharded_run, mesh):
+    result = sharded_run()["flat_state_on_a_mesh", mesh]
+    assert not result["problems"], result["problems"]
+
+
 def test_every_target_was_checked_on_both_meshes(sharded_run):
-    names = [*TARGETS, "zero1", "checkpoint"]
+    names = [*TARGETS, "zero1", "checkpoint", "flat_state_on_a_mesh"]
     assert set(sharded_run()) == {(name, mesh) for name in names for mesh in ("Explicit", "Auto")}
 
 

@@ -19,7 +19,7 @@ __all__ = ["apply_updates", "compose", "identity", "stateful", "stateless"]
 @combinator
 def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options: Mapping[str, Any] | None = None,
               needs_params: bool = False, static: Iterable[str] = (), schedulable: Iterable[str] = (),
-              per_example: bool = False) -> Update:
+              per_example: bool = False, elementwise: bool = False) -> Update:
     """A stage without state.
 
     Args:
@@ -51,6 +51,11 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
             params. A pipeline holds at most one such stage, and its input
             updates are per-example (the stages before it see the axis).
             Default: ``False``.
+        elementwise: ``apply_fn`` computes each element of the updates from
+            the same element of its inputs and from scalars (its options, a
+            step count, a reduction over all leaves together), whatever the
+            leaves' shapes, so it may run on the leaves joined into one
+            buffer (:func:`updax.flat_state`). Default: ``False``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -67,14 +72,15 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
         {'w': Array([-1.], dtype=float32)}
     """
     stage = Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static,
-                  schedulable=schedulable, per_example=per_example)
+                  schedulable=schedulable, per_example=per_example, elementwise=elementwise)
     return Update((stage,))
 
 
 @combinator
 def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name: str | None = None,
              options: Mapping[str, Any] | None = None, needs_params: bool = False, static: Iterable[str] = (),
-             schedulable: Iterable[str] = (), wraps: str | None = None, per_example: bool = False) -> Update:
+             schedulable: Iterable[str] = (), wraps: str | None = None, per_example: bool = False,
+             elementwise: bool = False) -> Update:
     """A stage with state.
 
     Args:
@@ -99,6 +105,8 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             Default: ``None``.
         per_example: the updates carry a leading axis of examples, which
             ``apply_fn`` reduces (see :func:`stateless`). Default: ``False``.
+        elementwise: ``init_fn`` and ``apply_fn`` work element by element,
+            the state included (see :func:`stateless`). Default: ``False``.
 
     Returns:
         An :class:`Update` with one stage.
@@ -121,7 +129,7 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
         (Array([2.], dtype=float32), Array(1, dtype=int32))
     """
     stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static,
-                  schedulable=schedulable, wraps=wraps, per_example=per_example)
+                  schedulable=schedulable, wraps=wraps, per_example=per_example, elementwise=elementwise)
     return Update((stage,))
 
 

@@ -8,7 +8,7 @@ callable; any other callable option reaches the kernels as a function.
 
 A stage name binds its kind: the kernels, the option names and the
 declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``,
-``per_example``). Two
+``per_example``, ``elementwise``). Two
 stages of one name are therefore the same computation whenever their options
 are equal, which is what lets a pipeline print as its identity.
 """
@@ -61,6 +61,7 @@ class _Kind(NamedTuple):
     static: frozenset[str]
     schedulable: frozenset[str]
     per_example: bool = False
+    elementwise: bool = False
 
     def origin(self) -> tuple:
         """The kernels by the name they are found under; a kernel found under no name (a lambda, a closure)
@@ -71,7 +72,7 @@ class _Kind(NamedTuple):
         kernels = ", ".join(format_value(f) for f in (self.init_fn, self.apply_fn) if f is not None)
         return (f"kernels {kernels}; options {sorted(self.option_names)}; wraps={self.wraps!r}; "
                 f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}; "
-                f"per_example={self.per_example}")
+                f"per_example={self.per_example}; elementwise={self.elementwise}")
 
 
 _KINDS: dict[str, _Kind] = {}
@@ -123,6 +124,10 @@ class Stage:
     Options named in ``static`` are structure even when numeric. A
     ``per_example`` stage gets updates with a leading axis of examples (one
     gradient per example) and returns them reduced, shaped like the params.
+    An ``elementwise`` stage computes each element from the same element of
+    its inputs and state, and from scalars (its options, counts, reductions
+    over all leaves together), so it computes the same on the leaves joined
+    into one buffer (:func:`updax.flat_state`).
 
     Attributes:
         name: the name given, or None (then ``label`` is ``"stateless"`` or
@@ -141,10 +146,11 @@ class Stage:
             :func:`updax.hyperparams_in_state`); empty unless asked for.
         per_example: whether the updates it gets carry a leading axis of
             examples, which it reduces away.
+        elementwise: whether its rule is element by element (see above).
     """
 
     __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
-                 "dynamic", "scheduled", "held", "per_example")
+                 "dynamic", "scheduled", "held", "per_example", "elementwise")
 
     name: str | None
     init_fn: Callable[..., Any] | None
@@ -158,11 +164,12 @@ class Stage:
     scheduled: frozenset[str]
     held: frozenset[str]
     per_example: bool
+    elementwise: bool
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
                  wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = (),
-                 per_example: bool = False) -> None:
+                 per_example: bool = False, elementwise: bool = False) -> None:
         call = name or ("stateless" if init_fn is None else "stateful")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
                                  or name in _UNNAMED):
@@ -183,24 +190,29 @@ class Stage:
             raise TypeError(f"{call}(needs_params={needs_params!r}): needs_params must be True or False")
         if not isinstance(per_example, bool):
             raise TypeError(f"{call}(per_example={per_example!r}): per_example must be True or False")
+        if not isinstance(elementwise, bool):
+            raise TypeError(f"{call}(elementwise={elementwise!r}): elementwise must be True or False")
+        if elementwise and (per_example or wraps is not None):
+            raise ValueError(f"{call}: a wrapper or per-example stage cannot be elementwise")
         if per_example and wraps is not None:
             raise ValueError(f"{call}: a wrapper stage cannot take per-example updates")
         if wraps is not None and not _is_pipeline(options.get(wraps)):
             raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
         if name is not None:
-            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example)
+            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example, elementwise)
             _bind(name, kind)
         stored = tuple((k, _store(call, k, v, static)) for k, v in options.items())
-        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable, per_example=per_example)
+        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable, per_example=per_example,
+                  elementwise=elementwise)
 
     def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
-             scheduled=None, held=frozenset(), per_example=False):
+             scheduled=None, held=frozenset(), per_example=False, elementwise=False):
         if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
             dynamic = frozenset(k for k, v in options
                                 if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
             scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
         for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
-                                                schedulable, dynamic, scheduled, held, per_example)):
+                                                schedulable, dynamic, scheduled, held, per_example, elementwise)):
             object.__setattr__(self, slot, value)
 
     def holdable(self) -> frozenset[str]:
@@ -215,7 +227,8 @@ class Stage:
                         for k, v in self.options)
         stage = Stage.__new__(Stage)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, self.dynamic, self.scheduled, per_example=self.per_example)
+                   self.schedulable, self.dynamic, self.scheduled, per_example=self.per_example,
+                   elementwise=self.elementwise)
         object.__setattr__(stage, "held", stage.holdable())
         return stage
 
@@ -244,7 +257,7 @@ class Stage:
         stage = Stage.__new__(Stage)
         options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, per_example=self.per_example)
+                   self.schedulable, per_example=self.per_example, elementwise=self.elementwise)
         object.__setattr__(stage, "held", self.held & stage.holdable())
         return stage
 
@@ -308,7 +321,7 @@ class Stage:
     def _key(self):
         options = tuple((k, key_of(v)) for k, v in self.options)
         return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                self.schedulable, self.held, self.per_example)
+                self.schedulable, self.held, self.per_example, self.elementwise)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Stage and self._key() == other._key()
@@ -318,7 +331,7 @@ class Stage:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
-                                 self.static, self.schedulable, self.held, self.per_example))
+                                 self.static, self.schedulable, self.held, self.per_example, self.elementwise))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -405,13 +418,13 @@ def _store(call, key, value, static):
 
 
 def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset(),
-                   per_example=False):
+                   per_example=False, elementwise=False):
     if name is not None:
         names = frozenset(k for k, _ in options)
-        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example))
+        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example, elementwise))
     stage = Stage.__new__(Stage)
     stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held,
-               per_example=per_example)
+               per_example=per_example, elementwise=elementwise)
     return stage
 
 
@@ -438,18 +451,18 @@ def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
     aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
-           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example)
+           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example, stage.elementwise)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
     (name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-     per_example) = aux
+     per_example, elementwise) = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
     stage = Stage.__new__(Stage)
     stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-               per_example)
+               per_example, elementwise)
     return stage
 
 

@@ -146,6 +146,9 @@ class Update:
     ) -> Update:
         """Keeps an exponential moving average (Polyak averaging) of the params in the state. See
         :func:`updax.ema_params`."""
+    def flat_state(self, max_join_size: int = 32768) -> Update:
+        """The pipeline before it, run on its small leaves joined into one buffer per dtype (state too). See
+        :func:`updax.flat_state`."""
     def freeze(self, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Zeroes the updates of the masked-in (frozen) leaves; the others pass through unchanged. See
         :func:`updax.freeze`."""
@@ -608,6 +611,7 @@ class Update:
         schedulable: Iterable[str] = ...,
         wraps: str | None = None,
         per_example: bool = False,
+        elementwise: bool = False,
     ) -> Update:
         """A stage with state. See :func:`updax.stateful`."""
     def stateless(
@@ -620,6 +624,7 @@ class Update:
         static: Iterable[str] = ...,
         schedulable: Iterable[str] = ...,
         per_example: bool = False,
+        elementwise: bool = False,
     ) -> Update:
         """A stage without state. See :func:`updax.stateless`."""
     def swa(self, start: int = 1, period: int = 1, *, accumulator_dtype: DType = None) -> Update:

@@ -34,6 +34,7 @@ from updax.updates._averaging import (
 )
 from updax.updates._clipping import adaptive_grad_clip, centralize, clip, clip_by_global_norm, global_norm
 from updax.updates._factored import clip_by_block_rms, scale_by_factored_rms, scale_by_param_block_rms, scale_by_sm3
+from updax.updates._flat import flat_state, from_flat
 from updax.updates._layerwise import scale_by_novograd, scale_by_trust_ratio
 from updax.updates._lbfgs import scale_by_lbfgs
 from updax.updates._linesearch import (
@@ -89,9 +90,11 @@ __all__ = [
     "combinator",
     "compose",
     "differentially_private_aggregate",
+    "flat_state",
     "ema",
     "ema_params",
     "freeze",
+    "from_flat",
     "global_norm",
     "has_updated",
     "identity",

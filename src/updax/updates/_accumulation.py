@@ -73,7 +73,7 @@ def trace(decay: ScalarOrSchedule = 0.9, nesterov: bool = False, *, accumulator_
     options = dict(decay=check.real("trace", "decay", decay, 0.0, 1.0),
                    nesterov=check.flag("trace", "nesterov", nesterov),
                    accumulator_dtype=check.float_dtype("trace", "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_trace, _apply_trace, name="trace", options=options, schedulable=("decay",))
+    return stateful(_init_trace, _apply_trace, elementwise=True, name="trace", options=options, schedulable=("decay",))
 
 
 class AccumulateGradientsState(NamedTuple):

@@ -186,7 +186,8 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
     call = "scale_by_adam"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
                             nesterov=_nesterov_option(call, nesterov))
-    return stateful(_adam_like_init, _apply_scale_by_adam, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+    return stateful(_adam_like_init, _apply_scale_by_adam, elementwise=True, name=call, options=options,
+                    schedulable=_ADAM_SCHEDULABLE)
 
 
 # --------------------------------------------------------------------------
@@ -247,7 +248,8 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
     call = "scale_by_belief"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
                             nesterov=_nesterov_option(call, nesterov))
-    return stateful(_adam_like_init, _apply_scale_by_belief, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+    return stateful(_adam_like_init, _apply_scale_by_belief, elementwise=True, name=call, options=options,
+                    schedulable=_ADAM_SCHEDULABLE)
 
 
 # --------------------------------------------------------------------------
@@ -321,7 +323,7 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
                             threshold=check.real(call, "threshold", threshold),
                             nesterov=_nesterov_option(call, nesterov))
-    return stateful(_adam_like_init, _apply_scale_by_radam, name=call, options=options,
+    return stateful(_adam_like_init, _apply_scale_by_radam, elementwise=True, name=call, options=options,
                     schedulable=("b1", "b2", "eps", "eps_root", "threshold"))
 
 
@@ -386,7 +388,7 @@ def scale_by_yogi(initial_accumulator_value: ScalarOrSchedule = 1e-6, b1: Scalar
     options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
                                                                 initial_accumulator_value),
                    **_adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype))
-    return stateful(_init_scale_by_yogi, _apply_scale_by_yogi, name=call, options=options,
+    return stateful(_init_scale_by_yogi, _apply_scale_by_yogi, elementwise=True, name=call, options=options,
                     schedulable=("initial_accumulator_value", "b1", "b2", "eps", "eps_root"))
 
 
@@ -457,7 +459,7 @@ def scale_by_amsgrad(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, e
     """
     call = "scale_by_amsgrad"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
-    return stateful(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, name=call, options=options,
+    return stateful(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, elementwise=True, name=call, options=options,
                     schedulable=_ADAM_SCHEDULABLE)
 
 
@@ -521,7 +523,7 @@ def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
                    eps=check.nonnegative(call, "eps", eps),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
-    return stateful(_adam_like_init, _apply_scale_by_adamax, name=call, options=options,
+    return stateful(_adam_like_init, _apply_scale_by_adamax, elementwise=True, name=call, options=options,
                     schedulable=("b1", "b2", "eps"))
 
 
@@ -575,7 +577,8 @@ def scale_by_nadam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
     """
     call = "scale_by_nadam"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
-    return stateful(_adam_like_init, _apply_scale_by_nadam, name=call, options=options, schedulable=_ADAM_SCHEDULABLE)
+    return stateful(_adam_like_init, _apply_scale_by_nadam, elementwise=True, name=call, options=options,
+                    schedulable=_ADAM_SCHEDULABLE)
 
 
 # --------------------------------------------------------------------------
@@ -661,5 +664,5 @@ def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: 
                    eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
-    return stateful(_init_scale_by_adan, _apply_scale_by_adan, name=call, options=options,
+    return stateful(_init_scale_by_adan, _apply_scale_by_adan, elementwise=True, name=call, options=options,
                     schedulable=("b1", "b2", "b3", "eps", "eps_root"))

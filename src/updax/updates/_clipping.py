@@ -47,8 +47,8 @@ def clip(delta: ScalarOrSchedule = 2.0) -> Update:
     References:
         Axon.Updates.clip.
     """
-    return stateless(_apply_clip, name="clip", options=dict(delta=check.nonnegative("clip", "delta", delta)),
-                     schedulable=("delta",))
+    options = dict(delta=check.nonnegative("clip", "delta", delta))
+    return stateless(_apply_clip, elementwise=True, name="clip", options=options, schedulable=("delta",))
 
 
 def global_norm(updates: PyTree) -> jax.Array:
@@ -94,7 +94,8 @@ def clip_by_global_norm(max_norm: ScalarOrSchedule = 1.0) -> Update:
         networks", ICML 2013. https://arxiv.org/abs/1211.5063
     """
     max_norm = check.positive("clip_by_global_norm", "max_norm", max_norm)
-    return stateless(_apply_clip_by_global_norm, name="clip_by_global_norm", options=dict(max_norm=max_norm),
+    return stateless(_apply_clip_by_global_norm, elementwise=True, name="clip_by_global_norm",
+                     options=dict(max_norm=max_norm),
                      schedulable=("max_norm",))
 
 

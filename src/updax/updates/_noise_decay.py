@@ -64,7 +64,7 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[
     """
     call = "add_decayed_weights"
     options = dict(decay=check.real(call, "decay", decay), mask=check.mask(call, "mask", mask))
-    return stateless(_apply_add_decayed_weights, name=call, options=options, needs_params=True,
+    return stateless(_apply_add_decayed_weights, elementwise=True, name=call, options=options, needs_params=True,
                      schedulable=("decay",))
 
 

@@ -99,7 +99,7 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
     options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
                    initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
-    return stateful(_init_scale_by_rms, _apply_scale_by_rms, name=call, options=options,
+    return stateful(_init_scale_by_rms, _apply_scale_by_rms, elementwise=True, name=call, options=options,
                     schedulable=("decay", "eps", "initial_scale"))
 
 
@@ -164,7 +164,7 @@ def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
                    initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
-    return stateful(_init_scale_by_stddev, _apply_scale_by_stddev, name=call, options=options,
+    return stateful(_init_scale_by_stddev, _apply_scale_by_stddev, elementwise=True, name=call, options=options,
                     schedulable=("decay", "eps", "initial_scale"))
 
 
@@ -219,7 +219,7 @@ def scale_by_rss(initial_accumulator_value: ScalarOrSchedule = 0.1, eps: ScalarO
                                                                 initial_accumulator_value),
                    eps=check.nonnegative(call, "eps", eps),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_rss, _apply_scale_by_rss, name=call, options=options,
+    return stateful(_init_scale_by_rss, _apply_scale_by_rss, elementwise=True, name=call, options=options,
                     schedulable=("initial_accumulator_value", "eps"))
 
 
@@ -280,5 +280,5 @@ def scale_by_adadelta(rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6,
     call = "scale_by_adadelta"
     options = dict(rho=check.unit(call, "rho", rho), eps=check.positive(call, "eps", eps),
                    accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_adadelta, _apply_scale_by_adadelta, name=call, options=options,
+    return stateful(_init_scale_by_adadelta, _apply_scale_by_adadelta, elementwise=True, name=call, options=options,
                     schedulable=("rho", "eps"))

@@ -65,7 +65,7 @@ def scale_by_sign() -> Update:
         Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex
         Problems", ICML 2018. https://arxiv.org/abs/1802.04434
     """
-    return stateless(_apply_scale_by_sign, name="scale_by_sign")
+    return stateless(_apply_scale_by_sign, elementwise=True, name="scale_by_sign")
 
 
 # --------------------------------------------------------------------------
@@ -122,7 +122,8 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
     call = "scale_by_lion"
     options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
-    return stateful(_init_scale_by_lion, _apply_scale_by_lion, name=call, options=options, schedulable=("b1", "b2"))
+    return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name=call, options=options,
+                    schedulable=("b1", "b2"))
 
 
 # --------------------------------------------------------------------------
@@ -212,5 +213,5 @@ def scale_by_rprop(learning_rate: ScalarOrSchedule, eta_minus: ScalarOrSchedule 
     low, high = options["min_step_size"], options["max_step_size"]
     if isinstance(low, float) and isinstance(high, float) and high < low:
         raise ValueError(f"{call}(max_step_size={high!r}): max_step_size must be >= min_step_size={low!r}")
-    return stateful(_init_scale_by_rprop, _apply_scale_by_rprop, name=call, options=options,
+    return stateful(_init_scale_by_rprop, _apply_scale_by_rprop, elementwise=True, name=call, options=options,
                     schedulable=("learning_rate", "eta_minus", "eta_plus", "min_step_size", "max_step_size"))

@@ -76,7 +76,8 @@ def scale(step_size: ScalarOrSchedule) -> Update:
         Axon.Updates.scale.
     """
     step_size = check.real("scale", "step_size", step_size)
-    return stateless(_apply_scale, name="scale", options=dict(step_size=step_size), schedulable=("step_size",))
+    return stateless(_apply_scale, elementwise=True, name="scale", options=dict(step_size=step_size),
+                     schedulable=("step_size",))
 
 
 def _init_scale_by_state(params, *, step_size):
@@ -159,7 +160,7 @@ def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
         Axon.Updates.scale_by_schedule.
     """
     schedule_fn = check.function("scale_by_schedule", "schedule_fn", schedule_fn)
-    return stateful(_init_scale_by_schedule, _apply_scale_by_schedule, name="scale_by_schedule",
+    return stateful(_init_scale_by_schedule, _apply_scale_by_schedule, elementwise=True, name="scale_by_schedule",
                     options=dict(schedule_fn=schedule_fn))
 
 
@@ -200,7 +201,7 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
         ``scale_by_learning_rate``.
     """
     learning_rate = check.real("scale_by_learning_rate", "learning_rate", learning_rate)
-    return stateless(_apply_scale_by_learning_rate, name="scale_by_learning_rate",
+    return stateless(_apply_scale_by_learning_rate, elementwise=True, name="scale_by_learning_rate",
                      options=dict(learning_rate=learning_rate), schedulable=("learning_rate",))
 
 

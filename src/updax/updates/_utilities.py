@@ -108,7 +108,8 @@ def keep_params_nonnegative() -> Update:
     References:
         optax.keep_params_nonnegative (same rule).
     """
-    return stateless(_apply_keep_params_nonnegative, name="keep_params_nonnegative", needs_params=True)
+    return stateless(_apply_keep_params_nonnegative, elementwise=True, name="keep_params_nonnegative",
+                     needs_params=True)
 
 
 # --------------------------------------------------------------------------
