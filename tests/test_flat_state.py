@@ -105,6 +105,29 @@ def test_a_large_leaf_keeps_its_buffer_and_a_joined_one_is_a_slice():
     assert trace["leaf_00000"].shape == (64, 64) and trace["float32"].shape == (7,)
 
 
+def test_leaves_of_a_shape_many_share_keep_their_buffers_unless_asked():
+    # 9 layer-norm-like vectors of one shape (more than max_shared=8: XLA compiles their kernels once, joined
+    # each would get a slice kernel of its own), 8 of another (joined), and a bfloat16 one of the first shape.
+    params = {"ln": [jnp.full(4, float(i)) for i in range(9)], "b": [jnp.ones(3) for _ in range(8)],
+              "half": jnp.ones(4, jnp.bfloat16)}
+    leaves = jax.tree.leaves(params)
+    ln = [i for i, x in enumerate(leaves) if x.shape == (4,) and x.dtype == jnp.float32]
+    grads = jax.tree.map(lambda x: x + 1.0, params)
+    for max_shared, apart in [(8, ln), (9, []), (None, [])]:
+        opt = O.adam(0.1).flat_state(max_shared=max_shared)
+        state = opt.init(params)
+        u, state = jax.jit(opt.update)(grads, state, params)
+        mu = opt.get_state(state, "flat_state/scale_by_adam.mu")
+        assert sorted(mu) == sorted(["float32", "bfloat16", *(f"leaf_{i:05d}" for i in apart)])
+        assert mu["float32"].shape == (8 * 3 + (0 if apart else 9 * 4),)
+        # The same updates either way, and the state shaped like the params again.
+        expected, plain = O.adam(0.1).update(grads, O.adam(0.1).init(params), params)
+        for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(x, y, rtol=2e-6)
+        for x, y in zip(jax.tree.leaves(ux.from_flat(mu, params)), jax.tree.leaves(plain[0].mu)):
+            np.testing.assert_allclose(x, y, rtol=2e-6)
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda: ux.centralize().flat_state(), r"^flat_state: centralize is not elementwise"),
     (lambda: ux.scale_by_adam().scale_by_trust_ratio().flat_state(), r"^flat_state: scale_by_trust_ratio is not"),
@@ -112,6 +135,8 @@ def test_a_large_leaf_keeps_its_buffer_and_a_joined_one_is_a_slice():
     (lambda: O.adamw(decay=0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)).flat_state(),
      r"^flat_state: add_decayed_weights has a mask"),
     (lambda: ux.scale(1.0).flat_state(max_join_size=-1), r"^flat_state\(max_join_size=-1\): max_join_size must be"),
+    (lambda: ux.scale(1.0).flat_state(max_shared=0), r"^flat_state\(max_shared=0\): max_shared must be a positive"),
+    (lambda: ux.scale(1.0).flat_state(max_shared=2.0), r"^flat_state\(max_shared=2.0\): max_shared must be a"),
 ])
 def test_what_cannot_run_joined_is_refused_by_name(build, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -120,7 +145,7 @@ def test_what_cannot_run_joined_is_refused_by_name(build, message):
 
 def test_a_pipeline_composed_before_it_is_checked_when_it_runs():
     opt = ux.compose(ux.centralize(), ux.flat_state())
-    assert repr(opt) == "centralize() |> flat_state(max_join_size=32768)"
+    assert repr(opt) == "centralize() |> flat_state(max_join_size=32768, max_shared=8)"
     with pytest.raises(ValueError, match=r"^flat_state: centralize is not elementwise"):
         opt.init({"w": jnp.ones(3)})
 

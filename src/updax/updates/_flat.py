@@ -9,6 +9,8 @@ the user, keep a kernel per leaf.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from typing import Any, NamedTuple
 
 import jax
@@ -32,11 +34,13 @@ class FlatState(NamedTuple):
     inner: tuple
 
 
-def _groups(tree: Any, max_join_size: int) -> list[str]:
-    """Each leaf's buffer: its dtype's name for a leaf of at most ``max_join_size`` elements (joined with the
-    others), ``leaf_<index>`` for a larger one (kept as it is)."""
-    return [jnp.result_type(x).name if jnp.size(x) <= max_join_size else f"leaf_{i:05d}"
-            for i, x in enumerate(jax.tree.leaves(tree))]
+def _groups(tree: Any, max_join_size: int, max_shared: int | None) -> list[str]:
+    """Each leaf's buffer: its dtype's name for a joined leaf (at most ``max_join_size`` elements, and a shape
+    and dtype at most ``max_shared`` leaves have), ``leaf_<index>`` for any other (kept as it is)."""
+    kinds = [(jnp.shape(x), jnp.result_type(x).name) for x in jax.tree.leaves(tree)]
+    count = Counter(kinds)
+    return [dtype if math.prod(shape) <= max_join_size and (max_shared is None or count[shape, dtype] <= max_shared)
+            else f"leaf_{i:05d}" for i, (shape, dtype) in enumerate(kinds)]
 
 
 def _sharding(x):
@@ -132,12 +136,12 @@ def _split(flat: dict[str, jax.Array], like: Any, groups: list[str]) -> Any:
     return treedef.unflatten(out)
 
 
-def _init_flat_state(params, *, inner, max_join_size):
+def _init_flat_state(params, *, inner, max_join_size, max_shared):
     _check_elementwise(inner)
-    return FlatState(inner=inner.init(_join("flat_state", params, _groups(params, max_join_size))))
+    return FlatState(inner=inner.init(_join("flat_state", params, _groups(params, max_join_size, max_shared))))
 
 
-def _apply_flat_state(updates, state, params, *, inner, max_join_size, **extra):
+def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_shared, **extra):
     _check_elementwise(inner)  # (also here: a pipeline composed before flat_state() is checked only now)
     # The groups follow the params (the state was made for them), else the updates; a group's updates are
     # joined in their common dtype and split back into each leaf's own.
@@ -145,7 +149,7 @@ def _apply_flat_state(updates, state, params, *, inner, max_join_size, **extra):
     if params is None and needing and jax.tree.leaves(updates):
         raise ValueError(f"flat_state needs params ({needing[0]} reads them), but update() got none: call "
                          "update(updates, state, params)")
-    groups = _groups(updates if params is None else params, max_join_size)
+    groups = _groups(updates if params is None else params, max_join_size, max_shared)
     joined = _join("flat_state", updates, groups)
     # (No leaves: the joined params are the same empty dict, as any stage reading them expects.)
     flat_params = _join("flat_state", params, groups) if params is not None or not joined else None
@@ -166,7 +170,7 @@ def _check_elementwise(inner: Update) -> None:
 
 
 @combinator(wraps=True)
-def flat_state(inner: Update, max_join_size: int = 2**15) -> Update:
+def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None = 8) -> Update:
     """The pipeline before it, run on its small leaves joined into one buffer per dtype (state too).
 
     Every stage before it must be elementwise (each element of its output
@@ -178,13 +182,17 @@ def flat_state(inner: Update, max_join_size: int = 2**15) -> Update:
     global norms, summed in another order).
 
     What it changes is how XLA compiles the step: a kernel per state field
-    instead of one per field and leaf, for the leaves of at most
-    ``max_join_size`` elements; each larger leaf keeps a buffer of its own,
-    as without it. On a model of many small leaves of distinct shapes the
-    kernels per leaf are most of the step and compile time (a thousand
-    leaves, Adam: about half of each, see docs/performance.md); joining
-    costs a copy of those leaves' gradients per step, which is why large
-    leaves stay apart. Joined leaves must not be sharded over several
+    instead of one per field and leaf, for the leaves it joins. On a model
+    of many small leaves of distinct shapes the kernels per leaf are most
+    of the step and compile time (a thousand leaves, Adam: about half of
+    each, see docs/performance.md). It joins a leaf of at most
+    ``max_join_size`` elements whose shape and dtype at most ``max_shared``
+    leaves have; any other leaf keeps a buffer of its own, as without it.
+    Joining costs a copy of the joined leaves' gradients per step, which is
+    why large leaves stay apart; and XLA compiles a kernel once for all the
+    leaves of one shape, where a joined leaf's param update is a kernel of
+    its own (it reads its slice of the joined update), so leaves of a shape
+    many share (the layers of a deep model) compile faster apart. Joined leaves must not be sharded over several
     devices (they would be gathered): that is refused by name.
 
     Named state access reaches the fields as dicts of buffers, one per dtype
@@ -193,8 +201,11 @@ def flat_state(inner: Update, max_join_size: int = 2**15) -> Update:
     :func:`from_flat` shapes one like the params.
 
     Args:
-        max_join_size: leaves of at most this many elements are joined, an
-            integer >= 0 (0: only empty leaves). Default: ``32768``.
+        max_join_size: leaves of at most this many elements may be joined,
+            an integer >= 0 (0: only empty leaves). Default: ``32768``.
+        max_shared: a leaf may be joined when at most this many leaves
+            (itself included) have its shape and dtype, an integer >= 1;
+            None joins them whatever their shapes. Default: ``8``.
 
     Returns:
         An update object with state ``FlatState(inner)``.
@@ -204,7 +215,7 @@ def flat_state(inner: Update, max_join_size: int = 2**15) -> Update:
         >>> import updax as ux
         >>> opt = ux.optimizers.adam(0.1).flat_state()
         >>> opt
-        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale_by_learning_rate(learning_rate=0.1) |> flat_state(max_join_size=32768)
+        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale_by_learning_rate(learning_rate=0.1) |> flat_state(max_join_size=32768, max_shared=8)
         >>> params = {"b": jnp.zeros(2), "w": jnp.ones((2, 3))}
         >>> grads = {"b": jnp.array([1.0, -1.0]), "w": jnp.full((2, 3), 2.0)}
         >>> updates, state = opt.update(grads, opt.init(params), params)
@@ -217,6 +228,8 @@ def flat_state(inner: Update, max_join_size: int = 2**15) -> Update:
         The kernel count behind it: docs/performance.md, "What XLA on a CPU allows".
     """
     _check_elementwise(inner)
-    options = {"inner": inner, "max_join_size": check.integer("flat_state", "max_join_size", max_join_size)}
+    options = {"inner": inner, "max_join_size": check.integer("flat_state", "max_join_size", max_join_size),
+               "max_shared": None if max_shared is None else check.integer("flat_state", "max_shared", max_shared,
+                                                                             low=1)}
     return stateful(_init_flat_state, _apply_flat_state, name="flat_state", options=options, wraps="inner",
-                    static=("max_join_size",))
+                    static=("max_join_size", "max_shared"))
