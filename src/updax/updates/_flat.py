@@ -184,16 +184,17 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
     What it changes is how XLA compiles the step: a kernel per state field
     instead of one per field and leaf, for the leaves it joins. On a model
     of many small leaves of distinct shapes the kernels per leaf are most
-    of the step and compile time (a thousand leaves, Adam: about half of
-    each, see docs/performance.md). It joins a leaf of at most
-    ``max_join_size`` elements whose shape and dtype at most ``max_shared``
-    leaves have; any other leaf keeps a buffer of its own, as without it.
-    Joining costs a copy of the joined leaves' gradients per step, which is
-    why large leaves stay apart; and XLA compiles a kernel once for all the
-    leaves of one shape, where a joined leaf's param update is a kernel of
-    its own (it reads its slice of the joined update), so leaves of a shape
-    many share (the layers of a deep model) compile faster apart. Joined leaves must not be sharded over several
-    devices (they would be gathered): that is refused by name.
+    of the step and compile time (a thousand leaves, Adam: a third off the
+    step and nearly half off the compile, see docs/performance.md). It
+    joins a leaf of at most ``max_join_size`` elements whose shape and
+    dtype at most ``max_shared`` leaves have; any other leaf keeps a buffer
+    of its own, as without it. Joining costs a copy of the joined leaves'
+    gradients per step, which is why large leaves stay apart; and XLA
+    compiles a kernel once for all the leaves of one shape, where a joined
+    leaf's param update is a kernel of its own (it reads its slice of the
+    joined update), so leaves of a shape many share (the layers of a deep
+    model) compile faster apart. Joined leaves must not be sharded over
+    several devices (they would be gathered): that is refused by name.
 
     Named state access reaches the fields as dicts of buffers, one per dtype
     for the joined leaves and ``leaf_<index>`` for each larger leaf
