@@ -95,44 +95,41 @@ def from_flat(buffers: dict[str, jax.Array], like: PyTree) -> PyTree:
     if not isinstance(buffers, dict):
         raise TypeError(f"from_flat: buffers must be the dict of buffers of a flat_state field, got "
                         f"{type(buffers).__name__}")
-    leaves, treedef = jax.tree.flatten(like)
+    leaves = jax.tree.leaves(like)
     groups = [f"leaf_{i:05d}" if f"leaf_{i:05d}" in buffers else jnp.result_type(x).name
               for i, x in enumerate(leaves)]
     if set(groups) != set(buffers):
         raise ValueError(f"from_flat: the buffers {sorted(buffers)} are not those of these params "
                          f"({sorted(set(groups))}); pass the params the state was made for")
-    offsets, out = dict.fromkeys(buffers, 0), []
+    sizes = Counter()
     for x, group in zip(leaves, groups):
-        shape, size, buffer = jnp.shape(x), int(jnp.size(x)), buffers[group]
-        if group.startswith("leaf_"):
-            if buffer.shape != shape:
-                raise ValueError(f"from_flat: {group} has shape {buffer.shape}, its param {shape}")
-            out.append(buffer)
-            continue
-        start = offsets[group]
-        if buffer.ndim != 1 or start + size > buffer.size:
+        if not group.startswith("leaf_"):
+            sizes[group] += math.prod(jnp.shape(x))
+        elif buffers[group].shape != jnp.shape(x):
+            raise ValueError(f"from_flat: {group} has shape {buffers[group].shape}, its param {jnp.shape(x)}")
+    for group, size in sizes.items():
+        buffer = buffers[group]
+        if buffer.ndim != 1 or buffer.size < size:
             raise ValueError(f"from_flat: the {group} buffer has shape {buffer.shape}, too small for the params' "
                              f"{group} leaves")
-        out.append(buffer[start:start + size].reshape(shape))
-        offsets[group] = start + size
-    short = [g for g in buffers if not g.startswith("leaf_") and offsets[g] != buffers[g].size]
-    if short:
-        raise ValueError(f"from_flat: the {short[0]} buffer has {buffers[short[0]].size} elements, the params' "
-                         f"{short[0]} leaves {offsets[short[0]]}")
-    return treedef.unflatten(out)
+        if buffer.size != size:
+            raise ValueError(f"from_flat: the {group} buffer has {buffer.size} elements, the params' {group} "
+                             f"leaves {size}")
+    return _split(buffers, like, groups, cast=False)
 
 
-def _split(flat: dict[str, jax.Array], like: Any, groups: list[str]) -> Any:
-    """The joined updates split back into ``like``'s leaves, each in its own dtype."""
+def _split(flat: dict[str, jax.Array], like: Any, groups: list[str], *, cast: bool = True) -> Any:
+    """The buffers split back into ``like``'s leaves (their shapes; their dtypes too if ``cast``)."""
     leaves, treedef = jax.tree.flatten(like)
     offsets, out = dict.fromkeys(flat, 0), []
     for x, group in zip(leaves, groups):
+        shape = jnp.shape(x)
         if group.startswith("leaf_"):
-            out.append(_tree.cast(flat[group], x.dtype))
-            continue
-        start, size = offsets[group], x.size
-        out.append(_tree.cast(flat[group][start:start + size].reshape(x.shape), x.dtype))
-        offsets[group] = start + size
+            leaf = flat[group]
+        else:
+            start, size = offsets[group], math.prod(shape)
+            leaf, offsets[group] = flat[group][start:start + size].reshape(shape), start + size
+        out.append(_tree.cast(leaf, x.dtype) if cast else leaf)
     return treedef.unflatten(out)
 
 
@@ -151,8 +148,8 @@ def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_share
                          "update(updates, state, params)")
     groups = _groups(updates if params is None else params, max_join_size, max_shared)
     joined = _join("flat_state", updates, groups)
-    # (No leaves: the joined params are the same empty dict, as any stage reading them expects.)
-    flat_params = _join("flat_state", params, groups) if params is not None or not joined else None
+    # The params are joined only for a stage that reads them (with no leaves, the same empty dict).
+    flat_params = (_join("flat_state", params, groups) if params is not None else {}) if needing else None
     flat, inner_state = inner.update(joined, state.inner, flat_params, **extra)
     return _split(flat, updates, groups), FlatState(inner=inner_state)
 
