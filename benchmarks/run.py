@@ -247,7 +247,11 @@ def check_equal(steps, params):
 
 
 class CompileLog(logging.Handler):
-    """The distinct programs JAX compiles while it is installed (with ``jax.log_compiles``)."""
+    """The distinct programs JAX compiles within ``with CompileLog() as log:`` (``log.programs``).
+
+    It listens to JAX's compile log (``jax.log_compiles``) and puts the
+    loggers' levels back on exit. tests/test_tracing.py counts with it too.
+    """
 
     LOGGERS = ("jax._src.dispatch", "jax._src.interpreters.pxla")
 
@@ -261,17 +265,20 @@ class CompileLog(logging.Handler):
             self.programs.add(message.split(". Argument")[0])
 
     def __enter__(self):
-        for name in self.LOGGERS:
-            logging.getLogger(name).addHandler(self)
-            logging.getLogger(name).setLevel(logging.DEBUG)
+        self._loggers = [logging.getLogger(name) for name in self.LOGGERS]
+        self._levels = [logger.level for logger in self._loggers]
+        for logger in self._loggers:
+            logger.addHandler(self)
+            logger.setLevel(logging.DEBUG)
         self._log = jax.log_compiles(True)
         self._log.__enter__()
         return self
 
     def __exit__(self, *exc):
         self._log.__exit__(*exc)
-        for name in self.LOGGERS:
-            logging.getLogger(name).removeHandler(self)
+        for logger, level in zip(self._loggers, self._levels):
+            logger.removeHandler(self)
+            logger.setLevel(level)
 
 
 def eager_step_time(opt, params, grads, repeats=3):
@@ -280,14 +287,13 @@ def eager_step_time(opt, params, grads, repeats=3):
     state = opt.init(params)
     jax.block_until_ready(state)
     times = []
-    for r in range(repeats + 1):
-        with CompileLog() as log:
+    with CompileLog() as log:  # (only the first call compiles)
+        for _ in range(repeats + 1):
             start = time.perf_counter()
             updates, state = opt.update(grads, state, params)
             jax.block_until_ready(updates)
             times.append(time.perf_counter() - start)
-        programs = len(log.programs) if r == 0 else programs
-    return times[0], programs, statistics.median(times[1:])
+    return times[0], len(log.programs), statistics.median(times[1:])
 
 
 #: Eager cases: (workload, recipe, leaves kept). On S every op compiles once per leaf shape on first use,

@@ -13,7 +13,8 @@ trace fast compute what jax.numpy's operators compute.
 
 from __future__ import annotations
 
-import logging
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,41 +25,23 @@ import pytest
 import updax as ux
 from updax.updates import _kernels
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+try:
+    from run import CompileLog  # the benchmark's counter: the counts here and on the performance page are one
+finally:
+    sys.path.pop(0)
+
 O = ux.optimizers
-
-
-class _Compiles(logging.Handler):
-    """Counts the distinct programs JAX reports compiling while it is installed (``jax_log_compiles``)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.programs = set()
-
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith("Compiling "):
-            self.programs.add(message.split(". Argument")[0])
 
 
 def _first_eager_step_programs(opt, apply, params, grads):
     jax.clear_caches()
     state = opt.init(params)
     jax.block_until_ready(state)
-    handler = _Compiles()
-    loggers = [logging.getLogger(name) for name in ("jax._src.dispatch", "jax._src.interpreters.pxla")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG)
-    try:
-        with jax.log_compiles(True):
-            updates, state = opt.update(grads, state, params)
-            jax.block_until_ready(apply(params, updates))
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-    return len(handler.programs)
+    with CompileLog() as log:
+        updates, state = opt.update(grads, state, params)
+        jax.block_until_ready(apply(params, updates))
+    return len(log.programs)
 
 
 def _model():
