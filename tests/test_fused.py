@@ -15,7 +15,7 @@ import pytest
 
 import updax as ux
 from updax import _fused
-from updax.updates import _fused_lamb
+from updax.updates import _fused_lamb, _kernels
 
 
 def one_by_one(opt, grads, state, params):
@@ -68,10 +68,21 @@ def test_every_registered_path_is_covered_here():
     assert covered == set(_fused.registered())
 
 
+@pytest.fixture(params=[True, False], ids=["leaf order", "whole tree"])
+def leaf_order(request, monkeypatch):
+    """Traced on CPU, LAMB runs leaf by leaf; the whole-tree path (other backends) is tested here by switching it off."""
+    if not request.param:
+        monkeypatch.setattr(_fused_lamb, "in_leaf_order", lambda updates: False)
+    return request.param
+
+
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_fused_equals_one_by_one(name, dtype, jit):
+@pytest.mark.parametrize("mode", ["eager", "jit", "jit, whole tree"])
+def test_fused_equals_one_by_one(name, dtype, mode, monkeypatch):
+    jit = mode != "eager"  # (eagerly there is no schedule: the leaf order is for traced steps only)
+    if mode == "jit, whole tree":
+        monkeypatch.setattr(_fused_lamb, "in_leaf_order", lambda updates: False)
     rng = np.random.default_rng(0)
     opt = CASES[name]()
     params = tree(rng, dtype, big=jit and dtype == jnp.float32)
@@ -100,12 +111,14 @@ def test_without_params_it_says_which_stage_needs_them():
         opt.update(params, opt.init(params))
 
 
-def test_lamb_step_stores_no_update_per_layer():
-    """The update the trust ratio measures is recomputed, not stored.
+def test_lamb_step_stores_no_update_per_layer(leaf_order):
+    """The update the trust ratio measures is not stored for the whole model.
 
     One by one, XLA keeps the whole update tree as a temporary: it grows with
-    the model. Fused, what is left is per distinct leaf shape (XLA's reduction
-    kernel writes out its broadcast scalars), so more layers add nothing.
+    the model. Leaf by leaf, one leaf's temporary serves every leaf in turn;
+    on the whole-tree path the update is recomputed and what is left is per
+    distinct leaf shape (XLA's reduction kernel writes out its broadcast
+    scalars). Either way, more layers add nothing.
     """
     opt = ux.optimizers.lamb(1e-3, decay=1e-4)
 
@@ -128,8 +141,42 @@ def test_lamb_step_stores_no_update_per_layer():
     assert fused[1] - fused[0] < layer_bytes / 8
 
 
-def test_with_few_leaves_per_shape_it_is_the_ordinary_computation():
+def test_leaf_order_keeps_at_most_one_leaf_of_temporaries():
+    """Traced for the CPU, the leaves run one after another: the temporaries fit one leaf, not the model."""
+    assert jax.default_backend() == "cpu"
+    opt = ux.optimizers.lamb(1e-3, decay=1e-4, mask=lambda p: [{"w": True, "b": False} for _ in p])
+    params = [{"w": jnp.ones((128 + i, 256)), "b": jnp.zeros(256)} for i in range(12)]  # every shape different
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return ux.apply_updates(p, u), s
+
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), params).compile()
+    largest = max(p.nbytes for p in jax.tree.leaves(params))
+    assert compiled.memory_analysis().temp_size_in_bytes <= 1.5 * largest
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_ordered_after_changes_no_value(dtype):
+    """Bit for bit ``x``: signed zeros, infinities and NaNs kept, whatever the token.
+
+    (A subnormal may come out flushed to zero, as XLA CPU's arithmetic leaves it in every kernel it then feeds.)
+    """
+    x = jnp.array([1.5, -0.0, 0.0, jnp.inf, -jnp.inf, jnp.nan, -2.0, 1e-41 if dtype == jnp.float32 else 1e-7], dtype)
+    bits = np.uint16 if x.itemsize == 2 else np.uint32
+    for token in [2.0, -0.0, jnp.nan, -jnp.inf, 3e38, 1e-45]:
+        for f in (_kernels.ordered_after, jax.jit(_kernels.ordered_after)):
+            y = f(x, jnp.float32(token))
+            assert y.dtype == x.dtype
+            np.testing.assert_array_equal(np.asarray(y[:-1]).view(bits), np.asarray(x[:-1]).view(bits))
+            assert y[-1] in (x[-1], 0)
+    z = jnp.array([1 + 2j, complex(jnp.inf, 1.0)], jnp.complex64)
+    assert _kernels.ordered_after(z, jnp.float32(1.0)) is z  # complex: returned as it is
+
+
+def test_with_few_leaves_per_shape_it_is_the_ordinary_computation(monkeypatch):
     """Unique shapes (as in a model of many different layers): recomputing would cost more than it saves."""
+    monkeypatch.setattr(_fused_lamb, "in_leaf_order", lambda updates: False)  # (the whole-tree path)
     opt = ux.optimizers.lamb(1e-3, decay=1e-4)
     params = {f"l{i}": jnp.ones((3, 4 + i)) for i in range(_fused_lamb.RECOMPUTE_MIN_SHARED)}
     state = opt.init(params)

@@ -175,6 +175,25 @@ def scaled(g: jax.Array, factor: Any) -> jax.Array:
     return _tree.cast(mul(factor, _tree.cast(g, c)), g.dtype)
 
 
+def ordered_after(x: jax.Array, token: jax.Array) -> jax.Array:
+    """``x`` itself, as a value XLA can only compute once ``token`` is computed.
+
+    ``x·(1 + (popcount(bits of token) >> 6))``: a 32-bit word has at most 32
+    bits set, so the factor is exactly 1 and ``x`` keeps every value (signed
+    zeros, infinities and NaNs too; a subnormal is flushed to zero on CPU, as
+    by the arithmetic of any kernel it then feeds), but XLA sees a dependency
+    it cannot fold away, as it folds or moves an optimization barrier. A kernel that reads
+    ``ordered_after(g, token)`` is scheduled after whatever ``token`` comes
+    from. A complex ``x`` is returned as it is (``x·(1+0j)`` is not ``x``
+    when a part is infinite), without the order.
+    """
+    if jnp.iscomplexobj(x):
+        return x
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(token, jnp.float32), jnp.int32)
+    zero = jax.lax.shift_right_logical(jax.lax.population_count(bits), jnp.int32(6))
+    return mul((1 + zero).astype(x.dtype), x)
+
+
 # --------------------------------------------------------------------------
 # The trust ratio (LARS, LAMB, Fromage)
 
