@@ -125,9 +125,10 @@ ENTRIES = {
     "scale_by_zoom_linesearch": lambda: ux.scale(-1.0).scale_by_zoom_linesearch(
         max_linesearch_steps=8, max_learning_rate=10.0, tol=0.0, increase_factor=2.0, slope_rtol=1e-4, curv_rtol=0.9,
         approx_dec_rtol=1e-6, stepsize_precision=1e-5, initial_guess_strategy="one", objective=half_squared_norm),
-    # (max_join_size=8: the registry's small leaves are joined, its larger ones keep their own buffers)
+    # (max_join_size=8, min_joined=1: the registry's few small leaves are joined, its larger ones keep their own
+    # buffers)
     "flat_state": lambda: ux.scale_by_adam().add_decayed_weights(0.01).clip_by_global_norm(1.0).scale(-0.1)
-    .flat_state(max_join_size=8),
+    .flat_state(max_join_size=8, min_joined=1),
     "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
         max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),

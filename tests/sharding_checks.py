@@ -262,7 +262,7 @@ def flat_state_on_a_mesh(axis_type):
     """flat_state refuses to join a leaf split over the mesh, by name; joining only replicated leaves, its steps
     equal one device's and the leaves kept apart keep their params' shardings in the state."""
     def build(max_join_size):
-        return lambda: ux.optimizers.adam(0.1).flat_state(max_join_size=max_join_size)
+        return lambda: ux.optimizers.adam(0.1).flat_state(max_join_size=max_join_size, min_joined=1)
 
     mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
     problems, params, grads = [], _tree(0), [_tree(t + 1) for t in range(STEPS)]

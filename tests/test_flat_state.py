@@ -61,7 +61,7 @@ def _run(opt, jit):
 
 
 def _compare(opt, jit):
-    flat = opt.flat_state(max_join_size=MAX_JOIN)
+    flat = opt.flat_state(max_join_size=MAX_JOIN, min_joined=1)
     (a, pa, _), (b, pb, state) = _run(opt, jit), _run(flat, jit)
     for x, y in zip(jax.tree.leaves((a, pa)), jax.tree.leaves((b, pb))):
         assert x.dtype == y.dtype and x.shape == y.shape
@@ -99,7 +99,7 @@ def test_the_state_is_joined_per_dtype_and_reads_back_like_the_params():
 
 def test_a_large_leaf_keeps_its_buffer_and_a_joined_one_is_a_slice():
     params = {"big": jnp.ones((64, 64)), "small": [jnp.ones(3), jnp.ones((2, 2))]}
-    opt = ux.trace(0.9).flat_state(max_join_size=16)
+    opt = ux.trace(0.9).flat_state(max_join_size=16, min_joined=2)
     state = opt.init(params)
     trace = opt.get_state(state, "flat_state/trace.trace")
     assert trace["leaf_00000"].shape == (64, 64) and trace["float32"].shape == (7,)
@@ -114,7 +114,7 @@ def test_leaves_of_a_shape_many_share_keep_their_buffers_unless_asked():
     ln = [i for i, x in enumerate(leaves) if x.shape == (4,) and x.dtype == jnp.float32]
     grads = jax.tree.map(lambda x: x + 1.0, params)
     for max_shared, apart in [(8, ln), (9, []), (None, [])]:
-        opt = O.adam(0.1).flat_state(max_shared=max_shared)
+        opt = O.adam(0.1).flat_state(max_shared=max_shared, min_joined=1)
         state = opt.init(params)
         u, state = jax.jit(opt.update)(grads, state, params)
         mu = opt.get_state(state, "flat_state/scale_by_adam.mu")
@@ -137,6 +137,7 @@ def test_leaves_of_a_shape_many_share_keep_their_buffers_unless_asked():
     (lambda: ux.scale(1.0).flat_state(max_join_size=-1), r"^flat_state\(max_join_size=-1\): max_join_size must be"),
     (lambda: ux.scale(1.0).flat_state(max_shared=0), r"^flat_state\(max_shared=0\): max_shared must be a positive"),
     (lambda: ux.scale(1.0).flat_state(max_shared=2.0), r"^flat_state\(max_shared=2.0\): max_shared must be a"),
+    (lambda: ux.scale(1.0).flat_state(min_joined=0), r"^flat_state\(min_joined=0\): min_joined must be a positive"),
 ])
 def test_what_cannot_run_joined_is_refused_by_name(build, message):
     with pytest.raises((ValueError, TypeError), match=message):
@@ -145,7 +146,7 @@ def test_what_cannot_run_joined_is_refused_by_name(build, message):
 
 def test_a_pipeline_composed_before_it_is_checked_when_it_runs():
     opt = ux.compose(ux.centralize(), ux.flat_state())
-    assert repr(opt) == "centralize() |> flat_state(max_join_size=32768, max_shared=8)"
+    assert repr(opt) == "centralize() |> flat_state(max_join_size=32768, max_shared=8, min_joined=16)"
     with pytest.raises(ValueError, match=r"^flat_state: centralize is not elementwise"):
         opt.init({"w": jnp.ones(3)})
 
@@ -156,7 +157,7 @@ def test_a_stage_of_your_own_joins_in_when_declared_elementwise():
 
     ours = ux.stateless(halve, name="halve_flat_test", elementwise=True)
     params = {"a": jnp.ones(3), "b": jnp.ones((2, 2))}
-    u, _ = ours.flat_state().update(params, ours.flat_state().init(params))
+    u, _ = ours.flat_state(min_joined=1).update(params, ours.flat_state(min_joined=1).init(params))
     assert jax.tree.map(lambda x: float(x.ravel()[0]), u) == {"a": 0.5, "b": 0.5}
     with pytest.raises(ValueError, match="halve_undeclared is not elementwise"):
         ux.stateless(halve, name="halve_undeclared").flat_state()
@@ -180,3 +181,21 @@ def test_updates_without_params_are_grouped_like_the_updates_and_need_params_whe
 def test_from_flat_names_what_does_not_fit(buffers, message):
     with pytest.raises((ValueError, TypeError), match=message):
         ux.from_flat(buffers, {"a": jnp.ones(3), "b": jnp.ones((2, 2))})
+
+
+def test_a_handful_of_small_leaves_is_not_joined_unless_asked():
+    # 15 small float32 leaves (below min_joined=16) and 16 bfloat16 ones: only the bfloat16 ones are joined.
+    params = {"f": [jnp.full(2 + i, float(i)) for i in range(15)],
+              "h": [jnp.full(2 + i, 1.0, jnp.bfloat16) for i in range(16)]}
+    leaves = jax.tree.leaves(params)
+    grads = jax.tree.map(lambda x: x + 1.0, params)
+    expected, _ = O.adam(0.1).update(grads, O.adam(0.1).init(params), params)
+    for min_joined, apart in [(16, [i for i, x in enumerate(leaves) if x.dtype == jnp.float32]), (15, [])]:
+        opt = O.adam(0.1).flat_state(min_joined=min_joined)
+        state = opt.init(params)
+        u, state = jax.jit(opt.update)(grads, state, params)
+        mu = opt.get_state(state, "flat_state/scale_by_adam.mu")
+        assert sorted(mu) == sorted(["bfloat16", *(f"leaf_{i:05d}" for i in apart), *(["float32"] * (not apart))])
+        assert mu["bfloat16"].shape == (sum(2 + i for i in range(16)),)
+        for x, y in zip(jax.tree.leaves(u), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32), rtol=2e-6)

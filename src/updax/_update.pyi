@@ -146,7 +146,7 @@ class Update:
     ) -> Update:
         """Keeps an exponential moving average (Polyak averaging) of the params in the state. See
         :func:`updax.ema_params`."""
-    def flat_state(self, max_join_size: int = 32768, max_shared: int | None = 8) -> Update:
+    def flat_state(self, max_join_size: int = 32768, max_shared: int | None = 8, min_joined: int = 16) -> Update:
         """The pipeline before it, run on its small leaves joined into one buffer per dtype (state too). See
         :func:`updax.flat_state`."""
     def freeze(self, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:

@@ -34,13 +34,16 @@ class FlatState(NamedTuple):
     inner: tuple
 
 
-def _groups(tree: Any, max_join_size: int, max_shared: int | None) -> list[str]:
-    """Each leaf's buffer: its dtype's name for a joined leaf (at most ``max_join_size`` elements, and a shape
-    and dtype at most ``max_shared`` leaves have), ``leaf_<index>`` for any other (kept as it is)."""
+def _groups(tree: Any, max_join_size: int, max_shared: int | None, min_joined: int = 1) -> list[str]:
+    """Each leaf's buffer: its dtype's name for a joined leaf (at most ``max_join_size`` elements, a shape and
+    dtype at most ``max_shared`` leaves have, and at least ``min_joined`` such leaves of its dtype),
+    ``leaf_<index>`` for any other (kept as it is)."""
     kinds = [(jnp.shape(x), jnp.result_type(x).name) for x in jax.tree.leaves(tree)]
     count = Counter(kinds)
-    return [dtype if math.prod(shape) <= max_join_size and (max_shared is None or count[shape, dtype] <= max_shared)
-            else f"leaf_{i:05d}" for i, (shape, dtype) in enumerate(kinds)]
+    groups = [dtype if math.prod(shape) <= max_join_size and (max_shared is None or count[shape, dtype] <= max_shared)
+              else None for shape, dtype in kinds]
+    joined = Counter(g for g in groups if g is not None)
+    return [g if g is not None and joined[g] >= min_joined else f"leaf_{i:05d}" for i, g in enumerate(groups)]
 
 
 def _sharding(x):
@@ -83,7 +86,7 @@ def from_flat(buffers: dict[str, jax.Array], like: PyTree) -> PyTree:
     Example:
         >>> import jax.numpy as jnp
         >>> import updax as ux
-        >>> opt = ux.scale_by_adam().scale(-0.1).flat_state()
+        >>> opt = ux.scale_by_adam().scale(-0.1).flat_state(min_joined=2)
         >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((2, 2))}
         >>> _, state = opt.update({"b": jnp.ones(2), "w": jnp.ones((2, 2))}, opt.init(params), params)
         >>> opt.get_state(state, "flat_state/scale_by_adam.mu")["float32"].shape
@@ -133,12 +136,13 @@ def _split(flat: dict[str, jax.Array], like: Any, groups: list[str], *, cast: bo
     return treedef.unflatten(out)
 
 
-def _init_flat_state(params, *, inner, max_join_size, max_shared):
+def _init_flat_state(params, *, inner, max_join_size, max_shared, min_joined):
     _check_elementwise(inner)
-    return FlatState(inner=inner.init(_join("flat_state", params, _groups(params, max_join_size, max_shared))))
+    groups = _groups(params, max_join_size, max_shared, min_joined)
+    return FlatState(inner=inner.init(_join("flat_state", params, groups)))
 
 
-def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_shared, **extra):
+def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_shared, min_joined, **extra):
     _check_elementwise(inner)  # (also here: a pipeline composed before flat_state() is checked only now)
     # The groups follow the params (the state was made for them), else the updates; a group's updates are
     # joined in their common dtype and split back into each leaf's own.
@@ -146,7 +150,7 @@ def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_share
     if params is None and needing and jax.tree.leaves(updates):
         raise ValueError(f"flat_state needs params ({needing[0]} reads them), but update() got none: call "
                          "update(updates, state, params)")
-    groups = _groups(updates if params is None else params, max_join_size, max_shared)
+    groups = _groups(updates if params is None else params, max_join_size, max_shared, min_joined)
     joined = _join("flat_state", updates, groups)
     # The params are joined only for a stage that reads them (with no leaves, the same empty dict).
     flat_params = (_join("flat_state", params, groups) if params is not None else {}) if needing else None
@@ -167,7 +171,8 @@ def _check_elementwise(inner: Update) -> None:
 
 
 @combinator(wraps=True)
-def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None = 8) -> Update:
+def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None = 8,
+               min_joined: int = 16) -> Update:
     """The pipeline before it, run on its small leaves joined into one buffer per dtype (state too).
 
     Every stage before it must be elementwise (each element of its output
@@ -184,13 +189,16 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
     of the step and compile time (a thousand leaves, Adam: a third off the
     step and nearly half off the compile, see docs/performance.md). It
     joins a leaf of at most ``max_join_size`` elements whose shape and
-    dtype at most ``max_shared`` leaves have; any other leaf keeps a buffer
-    of its own, as without it. Joining costs a copy of the joined leaves'
+    dtype at most ``max_shared`` leaves have, when at least ``min_joined``
+    leaves of its dtype qualify; any other leaf keeps a buffer of its own,
+    as without it. Joining costs a copy of the joined leaves'
     gradients per step, which is why large leaves stay apart; and XLA
     compiles a kernel once for all the leaves of one shape, where a joined
     leaf's param update is a kernel of its own (it reads its slice of the
     joined update), so leaves of a shape many share (the layers of a deep
-    model) compile faster apart. Joined leaves must not be sharded over
+    model) compile faster apart, and a handful of small leaves is not worth
+    the join (a model's few layer-norm scales: more compile time, no faster
+    step). Joined leaves must not be sharded over
     several devices (they would be gathered): that is refused by name.
 
     Named state access reaches the fields as dicts of buffers, one per dtype
@@ -204,6 +212,9 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
         max_shared: a leaf may be joined when at most this many leaves
             (itself included) have its shape and dtype, an integer >= 1;
             None joins them whatever their shapes. Default: ``8``.
+        min_joined: a dtype's qualifying leaves are joined only when there
+            are at least this many, an integer >= 1 (1: whenever one
+            qualifies). Default: ``16``.
 
     Returns:
         An update object with state ``FlatState(inner)``.
@@ -211,9 +222,9 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
     Example:
         >>> import jax.numpy as jnp
         >>> import updax as ux
-        >>> opt = ux.optimizers.adam(0.1).flat_state()
+        >>> opt = ux.optimizers.adam(0.1).flat_state(min_joined=2)  # (a tree of two leaves)
         >>> opt
-        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale_by_learning_rate(learning_rate=0.1) |> flat_state(max_join_size=32768, max_shared=8)
+        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale_by_learning_rate(learning_rate=0.1) |> flat_state(max_join_size=32768, max_shared=8, min_joined=2)
         >>> params = {"b": jnp.zeros(2), "w": jnp.ones((2, 3))}
         >>> grads = {"b": jnp.array([1.0, -1.0]), "w": jnp.full((2, 3), 2.0)}
         >>> updates, state = opt.update(grads, opt.init(params), params)
@@ -228,6 +239,7 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
     _check_elementwise(inner)
     options = {"inner": inner, "max_join_size": check.integer("flat_state", "max_join_size", max_join_size),
                "max_shared": None if max_shared is None else check.integer("flat_state", "max_shared", max_shared,
-                                                                             low=1)}
+                                                                             low=1),
+               "min_joined": check.integer("flat_state", "min_joined", min_joined, low=1)}
     return stateful(_init_flat_state, _apply_flat_state, name="flat_state", options=options, wraps="inner",
-                    static=("max_join_size", "max_shared"))
+                    static=("max_join_size", "max_shared", "min_joined"))
