@@ -34,7 +34,7 @@ def tree(rng, dtype=jnp.float32, big=False):
            # enough leaves of one shape for their updates to be recomputed rather than kept
            "layers": [{"w": arr(4, 3), "b": arr(3)} for _ in range(_fused_lamb.RECOMPUTE_MIN_SHARED)]}
     if big:  # above the size up to which the update is recomputed
-        out["big"] = arr(_fused_lamb.RECOMPUTE_MAX_SIZE + 8)
+        out["seq"].append(arr(_fused_lamb.RECOMPUTE_MAX_SIZE + 8))
     return out
 
 
@@ -44,16 +44,23 @@ def _matrices(params):
 
 CASES = {
     "lamb": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, min_norm=1e-3),
-    "lamb, bf16 moments (ordinary path)": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, mu_dtype=jnp.bfloat16),
+    "lamb, bf16 moments": lambda: ux.optimizers.lamb(1e-2, decay=1e-2, mu_dtype=jnp.bfloat16),
     "adam |> trust ratio": lambda: ux.scale_by_adam(b1=0.8, eps_root=1e-12).scale_by_trust_ratio(
         min_norm=0.5, trust_coefficient=0.7, eps=1e-6).scale(-0.1),
     "clip |> lamb": lambda: ux.clip_by_global_norm(0.5).pipe(ux.compose, ux.optimizers.lamb(1e-2, decay=0.1)),
-    # The recomputed update is plain Adam's: a decay mask goes through it, Nesterov and a trust-ratio mask do not.
+    # On the whole-tree path the recomputed update is plain Adam's: a decay mask goes through it, Nesterov and a
+    # trust-ratio mask take the ordinary path. Leaf by leaf every stage runs as it is, masks resolved per leaf.
     "lamb, decay mask": lambda: ux.optimizers.lamb(1e-2, decay=0.1, mask=_matrices),
-    "nesterov adam |> trust ratio (ordinary path)": lambda: ux.scale_by_adam(nesterov=True).scale_by_trust_ratio(
+    "lamb, decay mask as a tree prefix": lambda: ux.optimizers.lamb(1e-2, decay=0.1, mask={
+        "dense": True, "seq": False, "s": True, "empty": {},
+        "layers": [{"w": True, "b": False}] * _fused_lamb.RECOMPUTE_MIN_SHARED}),
+    "nesterov adam |> trust ratio": lambda: ux.scale_by_adam(nesterov=True).scale_by_trust_ratio(
     ).scale(-0.1),
-    "adam |> masked trust ratio (ordinary path)": lambda: ux.scale_by_adam().scale_by_trust_ratio(
+    "adam |> masked trust ratio": lambda: ux.scale_by_adam().scale_by_trust_ratio(
         mask=_matrices).scale(-0.1),
+    "adam |> masked decay |> masked trust ratio, masks as trees": lambda: ux.scale_by_adam().add_decayed_weights(
+        0.1, mask={"dense": {"w": True, "b": False}, "seq": True, "s": False, "empty": {}, "layers": True}
+    ).scale_by_trust_ratio(mask={"dense": False, "seq": True, "s": True, "empty": {}, "layers": True}).scale(-0.1),
 }
 
 

@@ -51,8 +51,9 @@ def _in_leaf_order(stages, updates, states, params, extra):
     mask is resolved over the whole params first, then applied per leaf).
 
     Measured on a 2-core CPU (benchmarks/run.py, docs/performance.md), step
-    time against optax's lamb: about 0.37x on T, 0.55x on B and 0.63x on S,
-    against 0.55-0.79x for the recomputing path. Eagerly there is no
+    time against optax's lamb: 0.37x on T, 0.35x on B and 0.65x on S,
+    against 0.55-0.79x for the recomputing path; compiling takes longer
+    (T level with optax, was 0.80x). Eagerly there is no
     schedule to order, and on other backends it is not measured, so those
     keep the path below.
     """
@@ -60,24 +61,24 @@ def _in_leaf_order(stages, updates, states, params, extra):
     treedef = jax.tree.structure(params)
     flat = treedef.flatten_up_to
 
-    def selected(stage):  # per leaf: whether the stage's mask (if it has one) selects it
-        mask = dict(stage.options).get("mask")
-        return leaf_mask(stage.label, mask, params)
+    def mask(stage):
+        return stage.option("mask") if "mask" in dict(stage.options) else None
 
-    def unmasked(stage):
-        return stage._with_option("mask", None) if dict(stage.options).get("mask") is not None else stage
+    def plain(stage):  # the stage, and per leaf whether its mask (if it has one) selects the leaf
+        selected = leaf_mask(stage.label, mask(stage), params)
+        return (stage if mask(stage) is None else stage._with_option("mask", None)), selected
 
-    middle_runs = [(unmasked(stage), selected(stage), state) for stage, state in zip(middle, states[1:-1])]
-    trusted = selected(trust)
+    middle = [(*plain(stage), state) for stage, state in zip(middle, states[1:-1])]
+    _, trusted = plain(trust)
     options = {k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")}
     adam_state = states[0]
-    out, mus, nus, counts, token = [], [], [], [], None
+    out, mus, nus, token = [], [], [], None
     for i, (g, m, v, p) in enumerate(zip(flat(updates), flat(adam_state.mu), flat(adam_state.nu), flat(params))):
         if token is not None:
             g = ordered_after(g, token)
         u, leaf_state = adam.apply(g, adam_state._replace(mu=m, nu=v), p, extra)
-        for stage, chosen, state in middle_runs:
-            if chosen[i]:
+        for stage, selected, state in middle:
+            if selected[i]:
                 u, _ = stage.apply(u, state, p, extra)
         if trusted[i]:
             ratio = trust_ratio(u, p, **options)
@@ -85,8 +86,8 @@ def _in_leaf_order(stages, updates, states, params, extra):
         out.append(u)
         mus.append(leaf_state.mu)
         nus.append(leaf_state.nu)
-        counts.append(leaf_state.count)
-    new_adam = leaf_state._replace(mu=treedef.unflatten(mus), nu=treedef.unflatten(nus), count=counts[0])
+    # (every leaf's step count is the same new count)
+    new_adam = leaf_state._replace(mu=treedef.unflatten(mus), nu=treedef.unflatten(nus))
     return treedef.unflatten(out), (new_adam, *states[1:])
 
 
