@@ -53,9 +53,8 @@ def _in_leaf_order(stages, updates, states, params, extra):
     Measured on a 2-core CPU (benchmarks/run.py, docs/performance.md), step
     time against optax's lamb: 0.37x on T, 0.35x on B and 0.65x on S,
     against 0.55-0.79x for the recomputing path; compiling takes longer
-    (T level with optax, was 0.80x). Eagerly there is no
-    schedule to order, and on other backends it is not measured, so those
-    keep the path below.
+    (T level with optax, was 0.80x). Eagerly there is no schedule to order,
+    and on other backends it is not measured, so those keep the path below.
     """
     adam, *middle, trust = stages
     treedef = jax.tree.structure(params)

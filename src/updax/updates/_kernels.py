@@ -182,10 +182,11 @@ def ordered_after(x: jax.Array, token: jax.Array) -> jax.Array:
     bits set, so the factor is exactly 1 and ``x`` keeps every value (signed
     zeros, infinities and NaNs too; a subnormal is flushed to zero on CPU, as
     by the arithmetic of any kernel it then feeds), but XLA sees a dependency
-    it cannot fold away, as it folds or moves an optimization barrier. A kernel that reads
-    ``ordered_after(g, token)`` is scheduled after whatever ``token`` comes
-    from. A complex ``x`` is returned as it is (``x·(1+0j)`` is not ``x``
-    when a part is infinite), without the order.
+    it cannot fold away, where it drops an optimization barrier before it
+    schedules. A kernel that reads ``ordered_after(g, token)`` is scheduled
+    after whatever ``token`` comes from. A complex ``x`` is returned as it
+    is (``x·(1+0j)`` is not ``x`` when a part is infinite), without the
+    order.
     """
     if jnp.iscomplexobj(x):
         return x
