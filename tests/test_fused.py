@@ -181,6 +181,30 @@ def test_ordered_after_changes_no_value(dtype):
     assert _kernels.ordered_after(z, jnp.float32(1.0)) is z  # complex: returned as it is
 
 
+def test_leaf_order_differentiates_like_the_whole_tree_path(monkeypatch):
+    """Differentiating through the update (as meta-learning does): the exact-1 factor of ordered_after adds no
+    derivative, so the leaf-ordered step's gradient is the whole-tree path's."""
+    opt = ux.optimizers.lamb(1e-2, decay=0.1)
+    rng = np.random.default_rng(1)
+    params = tree(rng)
+    state = opt.init(params)
+    for _ in range(3):  # moments of their own (at the first step Adam's update is about sign(g): flat, ill-conditioned)
+        state = opt.update(jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params), state,
+                           params)[1]
+
+    def loss(grads):
+        updates, _ = opt.update(grads, state, params)
+        return sum(jnp.sum(jnp.sin(u)) for u in jax.tree.leaves(updates))
+
+    grads = jax.tree.map(lambda p: 0.3 * p + 0.1, params)
+    leaf_ordered = jax.jit(jax.grad(loss))(grads)
+    monkeypatch.setattr(_fused_lamb, "in_leaf_order", lambda updates: False)
+    whole_tree = jax.jit(jax.grad(loss))(grads)
+    for a, b in zip(jax.tree.leaves(leaf_ordered), jax.tree.leaves(whole_tree)):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
 def test_with_few_leaves_per_shape_it_is_the_ordinary_computation(monkeypatch):
     """Unique shapes (as in a model of many different layers): recomputing would cost more than it saves."""
     monkeypatch.setattr(_fused_lamb, "in_leaf_order", lambda updates: False)  # (the whole-tree path)

@@ -34,7 +34,7 @@ class FlatState(NamedTuple):
     inner: tuple
 
 
-def _groups(tree: Any, max_join_size: int, max_shared: int | None, min_joined: int = 1) -> list[str]:
+def _groups(tree: Any, max_join_size: int, max_shared: int | None, min_joined: int) -> list[str]:
     """Each leaf's buffer: its dtype's name for a joined leaf (at most ``max_join_size`` elements, a shape and
     dtype at most ``max_shared`` leaves have, and at least ``min_joined`` such leaves of its dtype),
     ``leaf_<index>`` for any other (kept as it is)."""
@@ -191,15 +191,15 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
     joins a leaf of at most ``max_join_size`` elements whose shape and
     dtype at most ``max_shared`` leaves have, when at least ``min_joined``
     leaves of its dtype qualify; any other leaf keeps a buffer of its own,
-    as without it. Joining costs a copy of the joined leaves'
-    gradients per step, which is why large leaves stay apart; and XLA
-    compiles a kernel once for all the leaves of one shape, where a joined
-    leaf's param update is a kernel of its own (it reads its slice of the
-    joined update), so leaves of a shape many share (the layers of a deep
-    model) compile faster apart, and a handful of small leaves is not worth
-    the join (a model's few layer-norm scales: more compile time, no faster
-    step). Joined leaves must not be sharded over
-    several devices (they would be gathered): that is refused by name.
+    as without it. Joining costs a copy of the joined leaves' gradients per
+    step, which is why large leaves stay apart; and XLA compiles a kernel
+    once for all the leaves of one shape, where a joined leaf's param update
+    is a kernel of its own (it reads its slice of the joined update), so
+    leaves of a shape many share (the layers of a deep model) compile faster
+    apart, and a handful of small leaves is not worth the join (a model's
+    few layer-norm scales: more compile time, no faster step). Joined leaves
+    must not be sharded over several devices (they would be gathered): that
+    is refused by name.
 
     Named state access reaches the fields as dicts of buffers, one per dtype
     for the joined leaves and ``leaf_<index>`` for each larger leaf

@@ -27,6 +27,11 @@ RECOMPUTE_MIN_SHARED = 16
 RECOMPUTE_MAX_SIZE = 2**20
 
 
+def _trust_options(trust):
+    """The trust-ratio stage's options, as :func:`trust_ratio` takes them (concrete: a fused path has no schedules)."""
+    return {k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")}
+
+
 def in_leaf_order(updates: object) -> bool:
     """Whether LAMB's stages run leaf after leaf: when traced (under ``jax.jit``) for the CPU, with 2+ leaves."""
     leaves = jax.tree.leaves(updates)
@@ -69,7 +74,7 @@ def _in_leaf_order(stages, updates, states, params, extra):
 
     middle = [(*plain(stage), state) for stage, state in zip(middle, states[1:-1])]
     _, trusted = plain(trust)
-    options = {k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")}
+    options = _trust_options(trust)
     adam_state = states[0]
     out, mus, nus, token = [], [], [], None
     for i, (g, m, v, p) in enumerate(zip(flat(updates), flat(adam_state.mu), flat(adam_state.nu), flat(params))):
@@ -134,7 +139,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     other = trust.option("mask") is not None or adam.option("nesterov")
     if narrowed or other or not any(recompute(x) for x in jax.tree.leaves(u)):
         return trust.apply(u, states[-1], params, extra)[0], new_states
-    ratios = trust_ratios(u, params, **{k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")})
+    ratios = trust_ratios(u, params, **_trust_options(trust))
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
     c1, c2 = bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
