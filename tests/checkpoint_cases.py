@@ -7,6 +7,7 @@ writes the final params to DIR/<case>.<format>.npz.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import jax
@@ -33,10 +34,16 @@ def grads(p, t):
 
 
 def run(opt, p, state, steps, start):
-    step = jax.jit(lambda g, s, p: _step(opt, g, s, p))
+    step = _jitted(opt)
     for t in range(start, start + steps):
         p, state = step(grads(p, t), state, p)
     return p, state
+
+
+@functools.cache
+def _jitted(opt):
+    """One jitted step per optimizer (equal optimizers are equal keys), so each compiles once per process."""
+    return jax.jit(lambda g, s, p: _step(opt, g, s, p))
 
 
 def _step(opt, g, s, p):

@@ -4,6 +4,7 @@ restored without its target, or given to another pipeline, is refused with a mes
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -17,13 +18,15 @@ from flax import serialization
 import updax as ux
 from checkpoint_cases import AFTER, BEFORE, CASES, flat, params, run
 
-#: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
+#: Its fixture starts a subprocess: with pytest-xdist, one worker runs the whole module. The fixture is
+#: session-scoped: a worker may run other modules' tests between this module's, which would set a
+#: module-scoped fixture up again (it did: twice 160 s of a worker's time).
 pytestmark = pytest.mark.xdist_group("checkpoints")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def resumed(tmp_path_factory):
     """Saves every case after BEFORE steps, resumes all of them in one fresh process; returns the directory."""
     directory = tmp_path_factory.mktemp("checkpoints")
@@ -43,11 +46,16 @@ def resumed(tmp_path_factory):
 @pytest.mark.parametrize("fmt", ["orbax", "flax"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_resumed_run_equals_the_uninterrupted_one_bit_for_bit(resumed, name, fmt):
-    opt = CASES[name]()
-    expected, _ = run(opt, params(), opt.init(params()), BEFORE + AFTER, 0)
     got = np.load(resumed / f"{name}.{fmt}.npz")
-    for key, value in flat(expected).items():
+    for key, value in _uninterrupted(name).items():
         assert got[key].tobytes() == value.tobytes(), (name, fmt, key)
+
+
+@functools.cache
+def _uninterrupted(name):
+    """The params after BEFORE + AFTER steps without a checkpoint (once per case: both formats compare with it)."""
+    opt = CASES[name]()
+    return flat(run(opt, params(), opt.init(params()), BEFORE + AFTER, 0)[0])
 
 
 def test_a_state_restored_without_its_target_is_refused_with_what_to_do(tmp_path):
@@ -74,3 +82,11 @@ def test_a_state_given_to_another_pipeline_is_refused_by_name():
     with pytest.raises(ValueError):
         serialization.from_bytes(ux.optimizers.sgd(0.1, momentum=0.9).init(p), serialization.to_bytes(state))
     assert jax.tree.structure(state) != jax.tree.structure(ux.optimizers.sgd(0.1, momentum=0.9).init(p))
+
+
+def test_the_module_is_grouped_into_one_worker(request):
+    """Under ``--dist loadgroup`` this module's tests carry their group (else each worker sets the fixture up)."""
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is None or not request.config.getvalue("loadgroup"):
+        pytest.skip("not under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@checkpoints"), request.node.nodeid
