@@ -134,6 +134,22 @@ def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
     assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()
 
 
+def test_the_in_place_benchmark_runs_and_finds_the_copies_gone(tmp_path):
+    """A smoke run of benchmarks/in_place.py on Lion: the ordered step copies nothing and needs no temporary where
+    the unordered one and optax's copy the momentum, with the same numbers bit for bit."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import in_place as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert "lion" in bench.declaring()
+    (row,) = bench.main(["--quick", "--optimizers", "lion", "--repeats", "1", "--out", str(tmp_path)])["rows"]
+    assert row["updax_copies"] == 0 < row["unordered_copies"] == row["optax_copies"], row
+    assert row["updax_temp_mb"] < 0.01 < row["unordered_temp_mb"], row
+    assert row["same_numbers"], row
+    assert "| lion |" in (tmp_path / "in_place-quick.md").read_text()
+
+
 #: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
 POLARIS = {
     "Polaris.Updates": ["add_decayed_weights", "add_noise", "apply_updates", "centralize", "clip",

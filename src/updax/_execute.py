@@ -6,13 +6,15 @@ Every check here looks at tree structure and shapes only, so under
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from updax import _fused, _tree
+from updax import _fused, _in_place, _tree
 from updax._stage import Stage, check_stage_result, without_examples
 
 __all__ = ["init", "step"]
@@ -66,7 +68,9 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
     First checks what it was given: floating (or complex) updates, params of
     the same structure and shapes (as each example's, when a stage takes
     per-example updates), and a state of the structure and shapes
-    ``init`` gives; each stage's result is checked against what it got.
+    ``init`` gives; each stage's result is checked against what it got. The
+    outermost pipeline, given params, writes the state fields its stages
+    declare ``state_last`` after the params' update (:mod:`updax._in_place`).
     """
     stages = pipeline.stages
     updates = _tree.as_arrays("update", updates, "updates", floating=True)
@@ -86,6 +90,32 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
                              f"updates have {got}{' per example' if per_example else ''}")
     _check_state(pipeline, state, shapes if params is None else params,
                  "these updates" if params is None else "these params")
+    outermost = not _NESTED.get()
+    with nested():
+        updates, new_state = _run(stages, updates, state, params, extra)
+    if outermost and params is not None:
+        new_state = _in_place.after_params(stages, tuple(state), new_state, params, updates)
+    return updates, new_state
+
+
+#: Set while a pipeline runs: a pipeline run inside another (a wrapper's) does not produce the final updates.
+_NESTED = contextvars.ContextVar("updax_nested_update", default=False)
+
+
+@contextlib.contextmanager
+def nested() -> Iterator[None]:
+    """Runs the ``update`` calls inside as parts of a larger step: their updates are not the ones added to the
+    params (an updax object inside ``optax.chain``), so no state is ordered after the params' update."""
+    entered = _NESTED.set(True)
+    try:
+        yield
+    finally:
+        _NESTED.reset(entered)
+
+
+def _run(stages: Sequence[Stage], updates: Any, state: Any, params: Any,
+         extra: Mapping[str, Any]) -> tuple[Any, tuple]:
+    """The stages one after another (a run of them through its fused path, where one is registered)."""
     new_state, i = [], 0
     while i < len(stages):
         run, width = _fused.find(stages[i:], params)

@@ -8,7 +8,7 @@ callable; any other callable option reaches the kernels as a function.
 
 A stage name binds its kind: the kernels, the option names and the
 declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``,
-``per_example``, ``elementwise``). Two
+``per_example``, ``elementwise``, ``state_last``). Two
 stages of one name are therefore the same computation whenever their options
 are equal, which is what lets a pipeline print as its identity.
 """
@@ -62,6 +62,7 @@ class _Kind(NamedTuple):
     schedulable: frozenset[str]
     per_example: bool = False
     elementwise: bool = False
+    state_last: frozenset[str] = frozenset()
 
     def origin(self) -> tuple:
         """The kernels by the name they are found under; a kernel found under no name (a lambda, a closure)
@@ -72,7 +73,8 @@ class _Kind(NamedTuple):
         kernels = ", ".join(format_value(f) for f in (self.init_fn, self.apply_fn) if f is not None)
         return (f"kernels {kernels}; options {sorted(self.option_names)}; wraps={self.wraps!r}; "
                 f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}; "
-                f"per_example={self.per_example}; elementwise={self.elementwise}")
+                f"per_example={self.per_example}; elementwise={self.elementwise}; "
+                f"state_last={sorted(self.state_last)}")
 
 
 _KINDS: dict[str, _Kind] = {}
@@ -111,6 +113,23 @@ def _names(call: str, what: str, names: Iterable[str], options: Mapping[str, Any
     return names
 
 
+def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | None,
+            wraps: str | None) -> frozenset[str]:
+    """``state_last`` checked: field names (identifiers) of a stateful stage that wraps no pipeline."""
+    if isinstance(state_last, str):
+        raise TypeError(f"{call}(state_last={state_last!r}): state_last must be a collection of field names, not a "
+                        "string")
+    fields = frozenset(state_last)
+    bad = sorted(repr(f) for f in fields if not (isinstance(f, str) and f.isidentifier()))
+    if bad:
+        raise TypeError(f"{call}(state_last=...): {', '.join(bad)} are not field names")
+    if fields and init_fn is None:
+        raise ValueError(f"{call}(state_last=...): a stateless stage has no state to write last")
+    if fields and wraps is not None:
+        raise ValueError(f"{call}(state_last=...): a wrapper stage's state is its pipeline's, which orders its own")
+    return fields
+
+
 class Stage:
     """One combinator in a pipeline: a name, its kernels and its options.
 
@@ -127,7 +146,11 @@ class Stage:
     An ``elementwise`` stage computes each element from the same element of
     its inputs and state, and from scalars (its options, counts, reductions
     over all leaves together), so it computes the same on the leaves joined
-    into one buffer (:func:`updax.flat_state`).
+    into one buffer (:func:`updax.flat_state`). ``state_last`` names the
+    fields of its state whose old values the updates read: under ``jax.jit``
+    on the CPU their new values are written after the params' update, so
+    that XLA updates their donated buffers in place (see
+    :func:`updax.stateful`).
 
     Attributes:
         name: the name given, or None (then ``label`` is ``"stateless"`` or
@@ -147,10 +170,11 @@ class Stage:
         per_example: whether the updates it gets carry a leading axis of
             examples, which it reduces away.
         elementwise: whether its rule is element by element (see above).
+        state_last: the state fields written after the params' update.
     """
 
     __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
-                 "dynamic", "scheduled", "held", "per_example", "elementwise")
+                 "dynamic", "scheduled", "held", "per_example", "elementwise", "state_last")
 
     name: str | None
     init_fn: Callable[..., Any] | None
@@ -165,11 +189,12 @@ class Stage:
     held: frozenset[str]
     per_example: bool
     elementwise: bool
+    state_last: frozenset[str]
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
                  wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = (),
-                 per_example: bool = False, elementwise: bool = False) -> None:
+                 per_example: bool = False, elementwise: bool = False, state_last: Iterable[str] = ()) -> None:
         call = name or ("stateless" if init_fn is None else "stateful")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
                                  or name in _UNNAMED):
@@ -196,23 +221,26 @@ class Stage:
             raise ValueError(f"{call}: a wrapper or per-example stage cannot be elementwise")
         if per_example and wraps is not None:
             raise ValueError(f"{call}: a wrapper stage cannot take per-example updates")
+        state_last = _fields(call, state_last, init_fn, wraps)
         if wraps is not None and not _is_pipeline(options.get(wraps)):
             raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
         if name is not None:
-            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example, elementwise)
+            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example, elementwise,
+                         state_last)
             _bind(name, kind)
         stored = tuple((k, _store(call, k, v, static)) for k, v in options.items())
         self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable, per_example=per_example,
-                  elementwise=elementwise)
+                  elementwise=elementwise, state_last=state_last)
 
     def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
-             scheduled=None, held=frozenset(), per_example=False, elementwise=False):
+             scheduled=None, held=frozenset(), per_example=False, elementwise=False, state_last=frozenset()):
         if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
             dynamic = frozenset(k for k, v in options
                                 if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
             scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
         for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
-                                                schedulable, dynamic, scheduled, held, per_example, elementwise)):
+                                                schedulable, dynamic, scheduled, held, per_example, elementwise,
+                                                state_last)):
             object.__setattr__(self, slot, value)
 
     def holdable(self) -> frozenset[str]:
@@ -228,7 +256,7 @@ class Stage:
         stage = Stage.__new__(Stage)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
                    self.schedulable, self.dynamic, self.scheduled, per_example=self.per_example,
-                   elementwise=self.elementwise)
+                   elementwise=self.elementwise, state_last=self.state_last)
         object.__setattr__(stage, "held", stage.holdable())
         return stage
 
@@ -257,7 +285,8 @@ class Stage:
         stage = Stage.__new__(Stage)
         options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
         stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, per_example=self.per_example, elementwise=self.elementwise)
+                   self.schedulable, per_example=self.per_example, elementwise=self.elementwise,
+                   state_last=self.state_last)
         object.__setattr__(stage, "held", self.held & stage.holdable())
         return stage
 
@@ -321,7 +350,7 @@ class Stage:
     def _key(self):
         options = tuple((k, key_of(v)) for k, v in self.options)
         return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                self.schedulable, self.held, self.per_example, self.elementwise)
+                self.schedulable, self.held, self.per_example, self.elementwise, self.state_last)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Stage and self._key() == other._key()
@@ -331,7 +360,8 @@ class Stage:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
-                                 self.static, self.schedulable, self.held, self.per_example, self.elementwise))
+                                 self.static, self.schedulable, self.held, self.per_example, self.elementwise,
+                                 self.state_last))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -418,13 +448,13 @@ def _store(call, key, value, static):
 
 
 def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset(),
-                   per_example=False, elementwise=False):
+                   per_example=False, elementwise=False, state_last=frozenset()):
     if name is not None:
         names = frozenset(k for k, _ in options)
-        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example, elementwise))
+        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example, elementwise, state_last))
     stage = Stage.__new__(Stage)
     stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held,
-               per_example=per_example, elementwise=elementwise)
+               per_example=per_example, elementwise=elementwise, state_last=state_last)
     return stage
 
 
@@ -451,18 +481,19 @@ def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
     aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
-           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example, stage.elementwise)
+           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example, stage.elementwise,
+           stage.state_last)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
     (name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-     per_example, elementwise) = aux
+     per_example, elementwise, state_last) = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
     stage = Stage.__new__(Stage)
     stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-               per_example, elementwise)
+               per_example, elementwise, state_last)
     return stage
 
 

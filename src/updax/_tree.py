@@ -100,6 +100,21 @@ def cast(x, dtype):
     return x if x.dtype == dtype and not x.weak_type else x.astype(dtype)
 
 
+def added(p, u):
+    """``p + u`` in the wider of their dtypes, cast back to ``p``'s dtype and placed like ``p``: one param's
+    update, as :func:`updax.apply_updates` computes it (the in-place ordering relies on the same operations)."""
+    wide = wider(p.dtype, u.dtype)
+    total = jax.lax.add(cast(p, wide), cast(u, wide))  # (one dtype: lax traces fastest)
+    # The param's sharding too: an update sharded otherwise (ZeRO-1's, split over the data axis) is gathered.
+    return place_like(cast(total, p.dtype), p)
+
+
+def traced_for_cpu(tree) -> bool:
+    """Whether ``tree`` is being traced (under ``jax.jit``) with the CPU as the default backend: when the
+    execution paths that order XLA's kernels apply (measured on the CPU only)."""
+    return jax.default_backend() == "cpu" and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
 def compute_dtype(*dtypes):
     """The dtype arithmetic runs in: at least float32 (bf16/f16 promote, f64 stays)."""
     return wider(jnp.float32, *dtypes)

@@ -612,6 +612,7 @@ class Update:
         wraps: str | None = None,
         per_example: bool = False,
         elementwise: bool = False,
+        state_last: Iterable[str] = ...,
     ) -> Update:
         """A stage with state. See :func:`updax.stateful`."""
     def stateless(

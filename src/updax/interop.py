@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from updax import _execute
 from updax._primitives import stateful
 from updax._update import Update
 
@@ -126,7 +127,10 @@ def to_optax(opt: Update) -> Any:
         opt: an updax update object. No default.
 
     Returns:
-        ``optax.GradientTransformationExtraArgs(opt.init, opt.update)``.
+        ``optax.GradientTransformationExtraArgs`` with ``opt.init`` and
+        ``opt.update`` (whose updates, as a part of an optax pipeline, are
+        not the ones added to the params, so no state is ordered after them:
+        see ``stateful(state_last=...)``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -149,4 +153,9 @@ def to_optax(opt: Update) -> Any:
         raise TypeError(f"to_optax(opt={opt!r}): expected an updax update object")
     import optax  # only here: updax never requires optax
 
-    return optax.GradientTransformationExtraArgs(opt.init, opt.update)
+    def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+        # Inside an optax pipeline these are not the updates added to the params: no state is ordered after them.
+        with _execute.nested():
+            return opt.update(updates, state, params, **extra)
+
+    return optax.GradientTransformationExtraArgs(opt.init, update)

@@ -248,8 +248,9 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
     call = "scale_by_belief"
     options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
                             nesterov=_nesterov_option(call, nesterov))
+    # XLA recomputes the new s from the old one in the params' kernel: s (nu) is written after it (updax._in_place).
     return stateful(_adam_like_init, _apply_scale_by_belief, elementwise=True, name=call, options=options,
-                    schedulable=_ADAM_SCHEDULABLE)
+                    schedulable=_ADAM_SCHEDULABLE, state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
@@ -664,5 +665,6 @@ def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: 
                    eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+    # The update reads the previous gradient: prev_grads is written after the params' update (updax._in_place).
     return stateful(_init_scale_by_adan, _apply_scale_by_adan, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2", "b3", "eps", "eps_root"))
+                    schedulable=("b1", "b2", "b3", "eps", "eps_root"), state_last=("prev_grads",))

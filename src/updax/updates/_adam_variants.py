@@ -134,8 +134,9 @@ def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, ep
                    clip_value=None if clip_value is None else check.positive(call, "clip_value", clip_value),
                    **_dtypes(call, mu_dtype, nu_dtype), nesterov=check.flag(call, "nesterov", nesterov),
                    use_clipping=check.flag(call, "use_clipping", use_clipping))
+    # The update is normalized by the old second moment: nu is written after the params' update (updax._in_place).
     return stateful(_adam_like_init, _apply_scale_by_adopt, name=call, options=options,
-                    schedulable=("b1", "b2", "eps", "clip_value"))
+                    schedulable=("b1", "b2", "eps", "clip_value"), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------

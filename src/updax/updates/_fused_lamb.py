@@ -34,9 +34,7 @@ def _trust_options(trust):
 
 def in_leaf_order(updates: object) -> bool:
     """Whether LAMB's stages run leaf after leaf: when traced (under ``jax.jit``) for the CPU, with 2+ leaves."""
-    leaves = jax.tree.leaves(updates)
-    return (len(leaves) > 1 and jax.default_backend() == "cpu"
-            and any(isinstance(x, jax.core.Tracer) for x in leaves))
+    return len(jax.tree.leaves(updates)) > 1 and _tree.traced_for_cpu(updates)
 
 
 def _in_leaf_order(stages, updates, states, params, extra):

@@ -122,8 +122,9 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
     call = "scale_by_lion"
     options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
+    # The sign reads the old momentum: mu is written after the params' update (updax._in_place).
     return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2"))
+                    schedulable=("b1", "b2"), state_last=("mu",))
 
 
 # --------------------------------------------------------------------------

@@ -316,4 +316,6 @@ def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSc
     call = "scale_by_optimistic_gradient"
     options = {"alpha": check.nonnegative(call, "alpha", alpha), "beta": check.nonnegative(call, "beta", beta),
                "accumulator_dtype": check.float_dtype(call, "accumulator_dtype", accumulator_dtype)}
-    return stateful(_init_optimistic, _apply_optimistic, name=call, options=options, schedulable=("alpha", "beta"))
+    # The update reads the previous gradient: it is written after the params' update (updax._in_place).
+    return stateful(_init_optimistic, _apply_optimistic, name=call, options=options, schedulable=("alpha", "beta"),
+                    state_last=("previous_gradient",))

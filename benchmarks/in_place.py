@@ -1,0 +1,163 @@
+"""The state in place: each optimizer with a ``state_last`` field, with and without the order, and optax's.
+
+Run from the repository root (``pip install -e ".[bench]"`` first)::
+
+    python benchmarks/in_place.py            # the transformer-like workload T, about 5 minutes on 2 cores
+    python benchmarks/in_place.py --quick    # a small T, a smoke run
+
+For each optimizer whose pipeline has a stage that declares ``state_last``
+(updax._in_place), three jitted steps (``update`` then ``apply_updates``,
+params and state donated) are compiled and timed side by side, as in
+``run.py``: updax's, updax's with the order switched off (what it compiled
+before: XLA copies the declared fields first), and optax's. Each row gives
+the step times (median of the interleaved calls), the copies of full-size
+arrays and the temporary bytes in XLA's compiled program, the compile times
+(median of three a side),
+and whether the ordered step's params and state after 3 steps equal the
+unordered one's bit for bit. Results go to
+``benchmarks/results/in_place.json`` and ``in_place.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+
+import updax as ux
+from updax import _in_place
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
+
+#: optax's optimizer with the same rule, by updax's name.
+OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "adopt": optax.contrib.adopt, "lion": optax.lion,
+         "optimistic_adam": optax.optimistic_adam_v2, "optimistic_gradient_descent": optax.optimistic_gradient_descent}
+
+
+def declaring():
+    """The optimizers (names of ``ux.optimizers``) with a stage that declares ``state_last``."""
+    names = []
+    for name in ux.optimizers.__all__:
+        try:
+            opt = getattr(ux.optimizers, name)(1e-3)
+        except (TypeError, ValueError):  # (one that needs an objective or another first argument)
+            continue
+        if any(stage.state_last for stage in opt.stages):
+            names.append(name)
+    return names
+
+
+def _unordered(stages, old, new, params, updates):
+    return new
+
+
+def copies(compiled):
+    """The copy instructions of arrays of 2+ elements in the compiled program."""
+    entry = compiled.as_text()
+    entry = entry[entry.index("ENTRY"):]
+    return len([s for s in re.findall(r"= \w+\[([\d,]*)\]\S* copy\(", entry) if s and s != "1"])
+
+
+def case(name, params, repeats):
+    grads = run.grads_like(params, 0)
+    ordered = getattr(ux.optimizers, name)(1e-3)
+    theirs = OPTAX[name](1e-3)
+    sides = {}
+    after_params = _in_place.after_params
+    options = (("updax", ordered), ("unordered", ordered), ("optax", theirs))
+    # Three compiles a side, in rotating order, the median reported (one compile moves by 10-20% here).
+    for turn in range(3):
+        for side, opt in options[turn:] + options[:turn]:
+            _in_place.after_params = _unordered if side == "unordered" else after_params
+            try:
+                compiled, seconds, _, temp, _ = run.compile_step(opt, params, grads)
+            finally:
+                _in_place.after_params = after_params
+            entry = sides.setdefault(side, {"init": opt.init(params), "compiles_s": [], "temp_mb": temp / 2**20,
+                                            "copies": copies(compiled)})
+            entry["compiled"] = compiled
+            entry["compiles_s"].append(seconds)
+    for entry in sides.values():
+        entry["compile_s"] = statistics.median(entry["compiles_s"])
+    sides = {side: sides[side] for side, _ in options}
+    steps = [(sides[s]["compiled"], sides[s]["init"]) for s in sides]
+    same = _bit_for_bit(steps[:2], params)
+    times = run.time_side_by_side(steps, params, grads, repeats)
+    row = {"optimizer": name, "same_numbers": same}
+    for side, seconds in zip(sides, times):
+        row.update({f"{side}_step_ms": 1e3 * seconds, f"{side}_compile_s": sides[side]["compile_s"],
+                    f"{side}_temp_mb": sides[side]["temp_mb"], f"{side}_copies": sides[side]["copies"]})
+    row["step_ratio"] = row["updax_step_ms"] / row["optax_step_ms"]
+    row["unordered_step_ratio"] = row["unordered_step_ms"] / row["optax_step_ms"]
+    print(f"{name:28s} step {row['updax_step_ms']:7.2f} ms ({row['step_ratio']:.2f}x optax; unordered "
+          f"{row['unordered_step_ratio']:.2f}x)  copies {row['updax_copies']} / {row['unordered_copies']} / "
+          f"{row['optax_copies']}  temp {row['updax_temp_mb']:.1f} / {row['unordered_temp_mb']:.1f} / "
+          f"{row['optax_temp_mb']:.1f} MB  compile {row['updax_compile_s']:.2f} / {row['unordered_compile_s']:.2f} / "
+          f"{row['optax_compile_s']:.2f} s  same numbers: {same}", flush=True)
+    return row
+
+
+def _bit_for_bit(steps, params):
+    """Whether two compiled steps give the same params and state after 3 steps, bit for bit."""
+    results = []
+    for step, state in steps:
+        p, s = run.copy(params), run.copy(state)
+        for t in range(3):
+            p, s = step(p, s, run.grads_like(params, 100 + t))
+        results.append(jax.tree.leaves((p, s)))
+    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*results))
+
+
+def markdown(result):
+    lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
+             f"workload T ({result['params']} params in {result['leaves']} leaves); medians of {result['repeats']} "
+             "steps. Three sides: updax, updax with the order switched off, optax.", "",
+             "| optimizer | updax step | unordered | optax step | ratio | unordered ratio | copies | temp MB | "
+             "compile s | same numbers |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['optimizer']} | {r['updax_step_ms']:.2f} ms | {r['unordered_step_ms']:.2f} ms | "
+            f"{r['optax_step_ms']:.2f} ms | {r['step_ratio']:.2f}x | {r['unordered_step_ratio']:.2f}x | "
+            f"{r['updax_copies']} / {r['unordered_copies']} / {r['optax_copies']} | "
+            f"{r['updax_temp_mb']:.1f} / {r['unordered_temp_mb']:.1f} / {r['optax_temp_mb']:.1f} | "
+            f"{r['updax_compile_s']:.2f} / {r['unordered_compile_s']:.2f} / {r['optax_compile_s']:.2f} | "
+            f"{'yes' if r['same_numbers'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small T, few repeats (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--optimizers", default=None, help="a comma-separated subset (default: every one)")
+    parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 15)
+    params = run.transformer_like(layers=4, d=128) if args.quick else run.transformer_like()
+    names = declaring() if args.optimizers is None else args.optimizers.split(",")
+    rows = [case(name, params, repeats) for name in names]
+    device = jax.devices()[0]
+    result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
+              "machine": f"{device.platform} ({device.device_kind})", "repeats": repeats, "quick": args.quick,
+              "params": int(sum(x.size for x in jax.tree.leaves(params))), "leaves": len(jax.tree.leaves(params)),
+              "rows": rows, "step_ratio_median": statistics.median(r["step_ratio"] for r in rows)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = ("" if device.platform == "cpu" else f"-{device.platform}") + ("-quick" if args.quick else "")
+    (out / f"in_place{suffix}.json").write_text(json.dumps(result, indent=1))
+    (out / f"in_place{suffix}.md").write_text(markdown(result))
+    print(f"wrote {out / f'in_place{suffix}.json'} and {out / f'in_place{suffix}.md'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

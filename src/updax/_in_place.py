@@ -1,0 +1,93 @@
+"""State updated in place: the fields a stage declares ``state_last`` are written after the params' update.
+
+A training step jits ``update`` and ``apply_updates`` together, with the
+params and the optimizer state donated, and XLA updates both in place. When
+the params' update reads a state field's *old* value (Lion's sign of the
+old momentum, or a new value that XLA recomputes from the old one inside
+the params' kernel), the kernel that writes the field's new value into the
+same buffer has to wait for the params' kernel. XLA's copy insertion does
+not see that order, so it copies the old state first: a full-size
+temporary, mapped afresh and faulted in on every step (144 MB for Lion on
+the benchmark's T, more than half of its step time). optax's steps copy it.
+
+A stage names such fields (``stateful(..., state_last=("mu",))``). Traced
+for the CPU, with params given to the outermost ``update``, each declared
+field's new value ``s`` becomes ``select(q < q, -s, s)``, element by
+element, where ``q`` is the param after the update, computed as
+:func:`updax.apply_updates` computes it. ``q < q`` is never true (NaN is not
+less than itself either), so the value is ``s`` bit for bit, but XLA does
+not fold the comparison. When the step adds the updates to the params in
+the same jit (``ux.apply_updates``, ``optax.apply_updates``,
+``equinox.apply_updates``), XLA's common subexpression elimination makes
+``q`` the params' own new buffer: the field's kernel reads it, so it runs
+after the params' kernel and writes in place. The price is that read, one
+pass over the param where the copy cost two and a fresh buffer. Element by
+element, it needs no collective on a mesh, whatever the sharding. Applied
+otherwise (``p - lr·u`` with donated params), ``q`` is computed from the old
+params, which XLA then copies instead: that form gains nothing here.
+
+A step traced for another backend keeps XLA's own order (XLA for GPUs
+writes both from one kernel), and an eager step has no schedule to order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax._stage import ScheduledState, Stage
+
+__all__ = ["after_params"]
+
+
+def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
+    """``new`` with each ``state_last`` field of each stage written after the params' update (see the module)."""
+    if not any(stage.state_last for stage in stages) or not _tree.traced_for_cpu(updates):
+        return new
+    treedef = jax.tree.structure(params)
+    ps = treedef.flatten_up_to(params)
+    never = [_never(p, u) for p, u in zip(ps, treedef.flatten_up_to(updates))]
+    return tuple(_ordered(stage, o, n, treedef, ps, never) if stage.state_last else n
+                 for stage, o, n in zip(stages, old, new))
+
+
+def _never(p: jax.Array, u: jax.Array) -> jax.Array | None:
+    """``q < q`` for ``q = p + u`` as :func:`updax.apply_updates` computes it: all false, but read from the
+    params' new buffer. None for a complex leaf (left alone: its order has not been measured)."""
+    if jnp.iscomplexobj(p) or jnp.iscomplexobj(u):
+        return None
+    q = _tree.added(p, u)
+    return jax.lax.lt(q, q)
+
+
+def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never: list) -> Any:
+    """The stage's new state with its ``state_last`` fields ordered; a declared field its state lacks, or one
+    not shaped like the params, is refused by name."""
+    if isinstance(new, ScheduledState) and stage.in_state:
+        return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, never))
+    fields = getattr(new, "_fields", None)
+    missing = sorted(stage.state_last - set(fields or ()))
+    if missing:
+        raise ValueError(f"{stage.label}: state_last names {missing}, which its state {type(new).__name__} does "
+                         f"not have (its fields: {list(fields or ())})")
+    changed = {}
+    for field in stage.state_last:
+        try:
+            olds, news = treedef.flatten_up_to(getattr(old, field)), treedef.flatten_up_to(getattr(new, field))
+        except (TypeError, ValueError):
+            raise ValueError(f"{stage.label}: state_last field {field!r} must be a tree shaped like the params "
+                             f"({treedef})") from None
+        changed[field] = treedef.unflatten([_after(o, n, p, c) for o, n, p, c in zip(olds, news, params, never)])
+    return new._replace(**changed)
+
+
+def _after(old: jax.Array, new: jax.Array, param: jax.Array, never: jax.Array | None) -> jax.Array:
+    """``new``, read after ``never``'s param: a leaf passed through unchanged, shaped otherwise than the param
+    or not floating is left alone."""
+    if never is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
+        return new
+    return jax.lax.select(never, jax.lax.neg(new), new)
