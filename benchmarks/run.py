@@ -12,7 +12,9 @@ and for optax with the same hyperparameters. It reports
 - compile time: trace + lower + compile of that step, once per side (after a
   warm-up, the side that compiles first alternating from case to case);
 - step time: the median over ``--repeats`` timed calls, the two sides
-  interleaved call by call so machine noise hits both alike;
+  interleaved call by call so machine noise hits both alike, and updax's
+  step a second time beside them (A/A: the same program against itself,
+  the scatter of this run's ratios where nothing differs);
 - memory: the optimizer state's bytes, XLA's temporary buffer bytes for the
   step and its peak (``compiled.memory_analysis()``; with donation the
   temporaries are what a step needs beyond params, grads and state);
@@ -205,13 +207,13 @@ class Bandwidth:
 def time_side_by_side(fns, params, grads, repeats, bw=None):
     """Median seconds per call of each compiled step, interleaved call by call (and the bandwidth kernel).
 
-    The order within a round alternates (A B, then B A): the step that runs right after the bandwidth kernel
-    finds the caches flushed by it, which measurably slowed whichever side always ran first.
+    The order within a round rotates (A B, then B A; A B C, B C A, C A B): the step that runs right after the
+    bandwidth kernel finds the caches flushed by it, which measurably slowed whichever side always ran first.
     """
     carries = [(copy(params), copy(init)) for _, init in fns]
     times = [[] for _ in fns]
     for r in range(repeats + 2):  # two warm-up rounds
-        for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
+        for i in [(r + k) % len(fns) for k in range(len(fns))]:
             fn = fns[i][0]
             p, s = carries[i]
             start = time.perf_counter()
@@ -348,7 +350,9 @@ def run_case(workload, params, recipe, repeats, bw, optax_first=False):
     steps = [(ux_step, ux_opt.init(params)), (ox_step, ox_opt.init(params))]
     max_rel_diff = check_equal(steps, params)
     since = len(bw.seconds)
-    ux_time, ox_time = time_side_by_side(steps, params, grads, repeats, bw)
+    # updax's step a second time, on buffers of its own: the same program against itself (A/A) shows how far
+    # this run's timings scatter where nothing differs.
+    ux_time, ox_time, ux_again = time_side_by_side(steps + steps[:1], params, grads, repeats, bw)
     bandwidth = bw.bytes_per_second(since)
     floor = FLOOR_PASSES[recipe] * nbytes(params) / bandwidth
     row = {
@@ -357,13 +361,15 @@ def run_case(workload, params, recipe, repeats, bw, optax_first=False):
         "updax_compile_s": ux_compile, "optax_compile_s": ox_compile,
         "updax_step_ms": 1e3 * ux_time, "optax_step_ms": 1e3 * ox_time, "floor_ms": 1e3 * floor,
         "step_ratio": ux_time / ox_time, "compile_ratio": ux_compile / ox_compile, "floor_ratio": ux_time / floor,
+        "aa_step_ratio": ux_again / ux_time, "updax_compiles_s": seconds[0], "optax_compiles_s": seconds[1],
         "updax_state_mb": ux_state_bytes / 2**20, "optax_state_mb": ox_state_bytes / 2**20,
         "updax_temp_mb": ux_temp / 2**20, "optax_temp_mb": ox_temp / 2**20,
         "updax_peak_mb": ux_peak / 2**20, "optax_peak_mb": ox_peak / 2**20,
         "bandwidth_gb_s": bandwidth / 1e9, "max_rel_diff": max_rel_diff,
     }
     print(f"{workload:6s} {recipe:13s} step {row['updax_step_ms']:8.2f} ms vs {row['optax_step_ms']:8.2f} ms "
-          f"({row['step_ratio']:.2f}x; floor {row['floor_ms']:.1f} ms, {row['floor_ratio']:.2f}x)  "
+          f"({row['step_ratio']:.2f}x, A/A {row['aa_step_ratio']:.2f}x; floor {row['floor_ms']:.1f} ms, "
+          f"{row['floor_ratio']:.2f}x)  "
           f"compile {ux_compile:6.2f} s vs {ox_compile:6.2f} s ({row['compile_ratio']:.2f}x)  "
           f"temp {row['updax_temp_mb']:.1f} vs {row['optax_temp_mb']:.1f} MB  diff {row['max_rel_diff']:.1e}",
           flush=True)
@@ -414,14 +420,16 @@ def train_step_case(recipe, repeats, quick, optax_first=False, report=True):
         seconds[i].append(time.perf_counter() - start)
         fns[i] = (compiled, state)
     compiles = [statistics.median(s) for s in seconds]
-    times = time_side_by_side(fns, params, None, repeats)
+    times = time_side_by_side(fns + fns[:1], params, None, repeats)  # (updax's step again: the A/A ratio)
     row = {"workload": "train", "recipe": recipe, "params": int(sum(p.size for p in jax.tree.leaves(params))),
            "leaves": len(jax.tree.leaves(params)), "updax_compile_s": compiles[0], "optax_compile_s": compiles[1],
            "updax_step_ms": 1e3 * times[0], "optax_step_ms": 1e3 * times[1], "step_ratio": times[0] / times[1],
-           "compile_ratio": compiles[0] / compiles[1]}
+           "compile_ratio": compiles[0] / compiles[1], "aa_step_ratio": times[2] / times[0],
+           "updax_compiles_s": seconds[0], "optax_compiles_s": seconds[1]}
     if report:
         print(f"train  {recipe:13s} step {row['updax_step_ms']:8.2f} ms vs {row['optax_step_ms']:8.2f} ms "
-              f"({row['step_ratio']:.2f}x)  compile {compiles[0]:.2f} s vs {compiles[1]:.2f} s", flush=True)
+              f"({row['step_ratio']:.2f}x, A/A {row['aa_step_ratio']:.2f}x)  compile {compiles[0]:.2f} s vs "
+              f"{compiles[1]:.2f} s", flush=True)
     return row
 
 
@@ -433,17 +441,18 @@ def markdown(result):
     lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
              f"streaming bandwidth {result['bandwidth_gb_s']:.1f} GB/s; medians of {result['repeats']} steps.",
              "",
-             "| workload | recipe | updax step | optax step | ratio | floor | updax/floor | updax compile | "
+             "| workload | recipe | updax step | optax step | ratio | A/A | floor | updax/floor | updax compile | "
              "optax compile | ratio | state MB (updax/optax) | temp MB (updax/optax) | peak MB (updax/optax) | "
              "max rel diff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     def cell(r, fmt, *keys):
         return fmt.format(*(r[k] for k in keys)) if all(k in r for k in keys) else "-"
 
     for r in result["rows"]:
         lines.append(" | ".join([
             f"| {r['workload']}", r["recipe"], f"{r['updax_step_ms']:.2f} ms", f"{r['optax_step_ms']:.2f} ms",
-            f"{r['step_ratio']:.2f}x", cell(r, "{:.1f} ms", "floor_ms"), cell(r, "{:.2f}x", "floor_ratio"),
+            f"{r['step_ratio']:.2f}x", cell(r, "{:.2f}x", "aa_step_ratio"), cell(r, "{:.1f} ms", "floor_ms"),
+            cell(r, "{:.2f}x", "floor_ratio"),
             f"{r['updax_compile_s']:.2f} s", f"{r['optax_compile_s']:.2f} s", f"{r['compile_ratio']:.2f}x",
             cell(r, "{:.0f} / {:.0f}", "updax_state_mb", "optax_state_mb"),
             cell(r, "{:.1f} / {:.1f}", "updax_temp_mb", "optax_temp_mb"),
