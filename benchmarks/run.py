@@ -483,7 +483,11 @@ def plot(result, path):
     labels = [f"{r['workload']}\n{r['recipe']}" for r in rows]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(rows)), 7), sharex=True)
     x = np.arange(len(rows))
-    axes[0].bar(x, [r["step_ratio"] for r in rows], color="tab:blue")
+    axes[0].bar(x, [r["step_ratio"] for r in rows], color="tab:blue", label="updax / optax")
+    aa = [(i, r["aa_step_ratio"]) for i, r in zip(x, rows) if "aa_step_ratio" in r]
+    if aa:  # the same program against itself: how far this run's ratios scatter
+        axes[0].plot(*zip(*aa), "k_", markersize=10, label="A/A: updax / updax")
+        axes[0].legend(loc="lower right", fontsize=7)
     axes[0].axhline(1.0, color="k", lw=0.8)
     axes[0].set_ylabel("step time, updax / optax")
     axes[1].bar(x, [r["compile_ratio"] for r in rows], color="tab:orange")
