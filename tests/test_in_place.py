@@ -204,10 +204,14 @@ def test_the_declaration_is_checked_where_the_stage_is_built():
         ux.stateful(_pair_init, _pair_apply, name="pair_in_place", state_last=("n",))
 
 
-def test_a_user_stage_is_ordered_and_a_wrong_field_is_named():
+def test_a_user_stage_is_ordered_and_a_wrong_field_is_named(monkeypatch):
     p = params()
     opt = ux.stateful(_pair_init, _pair_apply, name="pair_previous", state_last=("a",)).scale(-0.1)
     assert copies(opt, p) == []
+    with monkeypatch.context() as patched:
+        patched.setattr(_in_place, "after_params", _unordered)
+        # The counter-case, unordered: the old gradient is copied before the new one is copied into its buffer.
+        assert sorted(copies(opt, p)) == sorted(["64,128", "32,16", "128"] * 2)
     missing = ux.stateful(_pair_init, _pair_apply, name="pair_missing", state_last=("b",))
     with pytest.raises(ValueError, match=r"pair_missing: state_last names \['b'\], which its state _PairState does "
                                          r"not have \(its fields: \['a', 'n'\]\)"):
