@@ -160,10 +160,11 @@ def state_bytes_per_device(state):
                if shard.device == device)
 
 
-def zero1(axis_type):
+def zero1(axis_type, name="zero1"):
     """ZeRO-1: params replicated over 8 devices, adamw's state split over the data axis by zero1_shardings; the
     same params as the replicated run, the params stay replicated, the state stays split, and each device holds
-    an eighth of the moments."""
+    an eighth of the moments. As ``zero1_lion``, the same with lion, whose momentum is written after the
+    params' update (updax._in_place: its order must follow the state's sharding, not the params')."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
     replicated = NamedSharding(mesh, P())
     rng = np.random.default_rng(0)
@@ -171,8 +172,9 @@ def zero1(axis_type):
                                                                                            jnp.float32),
               "small": jnp.asarray(rng.normal(size=(3,)), jnp.float32)}
     grads = [jax.tree.map(lambda p, t=t: jnp.cos(p * (t + 1)), params) for t in range(STEPS)]
-    opt = ux.clip_by_global_norm(1.0).pipe(ux.compose, ux.optimizers.adamw(0.1, decay=0.01))
-    result = {"name": "zero1", "mesh": axis_type.name}
+    inner = ux.optimizers.lion(0.1) if name == "zero1_lion" else ux.optimizers.adamw(0.1, decay=0.01)
+    opt = ux.clip_by_global_norm(1.0).pipe(ux.compose, inner)
+    result = {"name": name, "mesh": axis_type.name}
     with jax.set_mesh(mesh):
         params = jax.device_put(params, replicated)
         grads = [jax.device_put(g, replicated) for g in grads]
@@ -300,12 +302,14 @@ def main(names):
                     result = {"name": check_fn.__name__, "mesh": axis_type.name,
                               "problems": [f"{type(e).__name__}: {e}"]}
                 print("RESULT " + json.dumps(result), flush=True)
-    if not names or "zero1" in names:
+    for zero1_name in ("zero1", "zero1_lion"):
+        if names and zero1_name not in names:
+            continue
         for axis_type in (AxisType.Explicit, AxisType.Auto):
             try:
-                result = zero1(axis_type)
+                result = zero1(axis_type, zero1_name)
             except Exception as e:
-                result = {"name": "zero1", "mesh": axis_type.name, "problems": [f"{type(e).__name__}: {e}"]}
+                result = {"name": zero1_name, "mesh": axis_type.name, "problems": [f"{type(e).__name__}: {e}"]}
             print("RESULT " + json.dumps(result), flush=True)
     for name, build in targets().items():
         if names and name not in names:

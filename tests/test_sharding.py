@@ -194,6 +194,16 @@ def test_zero1_splits_the_state_and_keeps_the_numbers(sharded_run, mesh):
 
 
 @pytest.mark.parametrize("mesh", ["Explicit", "Auto"])
+def test_zero1_keeps_lions_in_place_order_and_its_numbers(sharded_run, mesh):
+    """Lion's momentum is written after the params' update (updax._in_place), read from the update's split sum:
+    on an Explicit mesh too, where a select of differently placed operands is refused."""
+    result = sharded_run()["zero1_lion", mesh]
+    assert not result["problems"], result["problems"]
+    assert result["error"] == 0.0
+    assert result["specs"]["[1].mu['w']"] == "('data', None)" and result["specs"]["[1].mu['small']"] == "(None,)"
+
+
+@pytest.mark.parametrize("mesh", ["Explicit", "Auto"])
 def test_an_orbax_checkpoint_of_sharded_state_restores_its_shardings(sharded_run, mesh):
     """Saved after 3 steps, restored with opt.init(params) as the target: the same bits and shardings, and 3
     more steps equal the uninterrupted run bit for bit (adafactor's factors and ema_params' average)."""
@@ -210,7 +220,7 @@ def test_flat_state_joins_no_split_leaf_and_keeps_the_others_where_their_params_
 
 
 def test_every_target_was_checked_on_both_meshes(sharded_run):
-    names = [*TARGETS, "zero1", "checkpoint", "flat_state_on_a_mesh"]
+    names = [*TARGETS, "zero1", "zero1_lion", "checkpoint", "flat_state_on_a_mesh"]
     assert set(sharded_run()) == {(name, mesh) for name in names for mesh in ("Explicit", "Auto")}
 
 

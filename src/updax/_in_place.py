@@ -21,8 +21,11 @@ the same jit (``ux.apply_updates``, ``optax.apply_updates``,
 ``equinox.apply_updates``), XLA's common subexpression elimination makes
 ``q`` the params' own new buffer: the field's kernel reads it, so it runs
 after the params' kernel and writes in place. The price is that read, one
-pass over the param where the copy cost two and a fresh buffer. Element by
-element, it needs no collective on a mesh, whatever the sharding. Applied
+pass over the param where the copy cost two and a fresh buffer. ``q`` is
+the sum before :func:`updax.apply_updates` places it like the param, so on a
+mesh it is split as the updates are: a state split over the data axis while
+the params are replicated (ZeRO-1) reads its own slice, and no collective
+is added (tests/sharding_checks.py, ``zero1_lion``). Applied
 otherwise (``p - lr·u`` with donated params), ``q`` is computed from the old
 params, which XLA then copies instead: that form gains nothing here.
 
@@ -60,7 +63,7 @@ def _never(p: jax.Array, u: jax.Array) -> jax.Array | None:
     params' new buffer. None for a complex leaf (left alone: its order has not been measured)."""
     if jnp.iscomplexobj(p) or jnp.iscomplexobj(u):
         return None
-    q = _tree.added(p, u)
+    q = _tree.summed(p, u)  # (not yet placed like the param: a state split like the update reads its own slice)
     return jax.lax.lt(q, q)
 
 
@@ -87,7 +90,8 @@ def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never
 
 def _after(old: jax.Array, new: jax.Array, param: jax.Array, never: jax.Array | None) -> jax.Array:
     """``new``, read after ``never``'s param: a leaf passed through unchanged, shaped otherwise than the param
-    or not floating is left alone."""
+    or not floating is left alone. The mask is placed like ``new`` (on an explicit mesh a select needs it),
+    which it already is when the state is split like the updates (ZeRO-1's state and updates both are)."""
     if never is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
         return new
-    return jax.lax.select(never, jax.lax.neg(new), new)
+    return jax.lax.select(_tree.place_like(never, new), jax.lax.neg(new), new)

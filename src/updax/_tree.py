@@ -102,11 +102,16 @@ def cast(x, dtype):
 
 def added(p, u):
     """``p + u`` in the wider of their dtypes, cast back to ``p``'s dtype and placed like ``p``: one param's
-    update, as :func:`updax.apply_updates` computes it (the in-place ordering relies on the same operations)."""
-    wide = wider(p.dtype, u.dtype)
-    total = jax.lax.add(cast(p, wide), cast(u, wide))  # (one dtype: lax traces fastest)
+    update, as :func:`updax.apply_updates` computes it."""
     # The param's sharding too: an update sharded otherwise (ZeRO-1's, split over the data axis) is gathered.
-    return place_like(cast(total, p.dtype), p)
+    return place_like(summed(p, u), p)
+
+
+def summed(p, u):
+    """:func:`added` before it is placed like ``p``: the operations the in-place ordering repeats, for XLA to
+    merge them with the step's own (updax._in_place)."""
+    wide = wider(p.dtype, u.dtype)
+    return cast(jax.lax.add(cast(p, wide), cast(u, wide)), p.dtype)  # (one dtype: lax traces fastest)
 
 
 def traced_for_cpu(tree) -> bool:
