@@ -21,7 +21,6 @@ unordered one's bit for bit. Results go to
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -145,17 +144,10 @@ def main(argv=None):
     params = run.transformer_like(layers=4, d=128) if args.quick else run.transformer_like()
     names = declaring() if args.optimizers is None else args.optimizers.split(",")
     rows = [case(name, params, repeats) for name in names]
-    device = jax.devices()[0]
-    result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
-              "machine": f"{device.platform} ({device.device_kind})", "repeats": repeats, "quick": args.quick,
+    result = {**run.environment(), "repeats": repeats, "quick": args.quick,
               "params": int(sum(x.size for x in jax.tree.leaves(params))), "leaves": len(jax.tree.leaves(params)),
               "rows": rows, "step_ratio_median": statistics.median(r["step_ratio"] for r in rows)}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    suffix = ("" if device.platform == "cpu" else f"-{device.platform}") + ("-quick" if args.quick else "")
-    (out / f"in_place{suffix}.json").write_text(json.dumps(result, indent=1))
-    (out / f"in_place{suffix}.md").write_text(markdown(result))
-    print(f"wrote {out / f'in_place{suffix}.json'} and {out / f'in_place{suffix}.md'}")
+    run.write_results(args.out, "in_place", result, markdown(result))
     return result
 
 

@@ -500,6 +500,26 @@ def plot(result, path):
     print(f"wrote {path}")
 
 
+def environment():
+    """The versions, the machine and the device a result was measured with."""
+    device = jax.devices()[0]
+    return {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
+            "platform": device.platform, "device_kind": device.device_kind, "device_count": jax.device_count(),
+            "machine": f"{platform.machine()}, {jax.device_count()} {device.platform} device(s) "
+                       f"({device.device_kind}), python {sys.version.split()[0]}"}
+
+
+def write_results(out, stem, result, text):
+    """``result`` as ``stem.json`` and ``text`` as ``stem.md`` in ``out``. CPU and accelerator results are kept
+    apart (``results.json`` is the CPU run, ``results-gpu.json`` a GPU run), and so are quick runs."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = ("" if result["platform"] == "cpu" else f"-{result['platform']}") + ("-quick" if result["quick"] else "")
+    (out / f"{stem}{suffix}.json").write_text(json.dumps(result, indent=1))
+    (out / f"{stem}{suffix}.md").write_text(text)
+    print(f"wrote {out / f'{stem}{suffix}.json'} and {out / f'{stem}{suffix}.md'}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small workloads, few repeats (a smoke run)")
@@ -535,23 +555,13 @@ def main(argv=None):
         print(f"eager  {eager[-1]['workload']} {recipe}: first call updax {ux_first:.2f} s ({ux_programs} programs), "
               f"optax {ox_first:.2f} s ({ox_programs}); then updax {1e3 * ux_s:.0f} ms, optax {1e3 * ox_s:.0f} ms",
               flush=True)
-    device = jax.devices()[0]
-    result = {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
-              "platform": device.platform, "device_kind": device.device_kind, "device_count": jax.device_count(),
-              "machine": f"{platform.machine()}, {jax.device_count()} {device.platform} device(s) "
-                         f"({device.device_kind}), python {sys.version.split()[0]}",
-              "quick": args.quick, "repeats": repeats,
+    result = {**environment(), "quick": args.quick, "repeats": repeats,
               "bandwidth_gb_s": bw.bytes_per_second() / 1e9 if bw.seconds else float("nan"),
               "rows": rows, "eager": eager}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    # CPU and accelerator results are kept apart: results.json is the CPU run, results-gpu.json a GPU run.
-    suffix = ("" if device.platform == "cpu" else f"-{device.platform}") + ("-quick" if args.quick else "")
-    (out / f"results{suffix}.json").write_text(json.dumps(result, indent=1))
-    (out / f"results{suffix}.md").write_text(markdown(result))
-    print(f"wrote {out / f'results{suffix}.json'} and {out / f'results{suffix}.md'}")
+    write_results(args.out, "results", result, markdown(result))
     if not args.quick:
         plot_path = Path(args.plot)
+        device = jax.devices()[0]
         if device.platform != "cpu":
             plot_path = plot_path.with_name(f"{plot_path.stem}-{device.platform}{plot_path.suffix}")
         plot(result, plot_path)
