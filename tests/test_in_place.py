@@ -216,6 +216,8 @@ def test_a_user_stage_is_ordered_and_a_wrong_field_is_named(monkeypatch):
     with pytest.raises(ValueError, match=r"pair_missing: state_last names \['b'\], which its state _PairState does "
                                          r"not have \(its fields: \['a', 'n'\]\)"):
         step_fn(missing)(p, missing.init(p), p)
+    with pytest.raises(ValueError, match=r"pair_missing: state_last names \['b'\]"):  # (eagerly too)
+        missing.update(p, missing.init(p), p)
     scalar = ux.stateful(_pair_init, _pair_apply, name="pair_scalar", state_last=("n",))
     with pytest.raises(ValueError, match=r"pair_scalar: state_last field 'n' must be a tree shaped like the params"):
         step_fn(scalar)(p, scalar.init(p), p)

@@ -49,7 +49,12 @@ __all__ = ["after_params"]
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
     """``new`` with each ``state_last`` field of each stage written after the params' update (see the module)."""
-    if not any(stage.state_last for stage in stages) or not _tree.traced_for_cpu(updates):
+    if not any(stage.state_last for stage in stages):
+        return new
+    for stage, n in zip(stages, new):  # (whether or not they are ordered here: a misnamed field fails everywhere)
+        if stage.state_last:
+            _check_fields(stage, _own(stage, n))
+    if not _tree.traced_for_cpu(updates):
         return new
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
@@ -67,16 +72,25 @@ def _never(p: jax.Array, u: jax.Array) -> jax.Array | None:
     return jax.lax.lt(q, q)
 
 
-def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never: list) -> Any:
-    """The stage's new state with its ``state_last`` fields ordered; a declared field its state lacks, or one
-    not shaped like the params, is refused by name."""
-    if isinstance(new, ScheduledState) and stage.in_state:
-        return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, never))
-    fields = getattr(new, "_fields", None)
+def _own(stage: Stage, state: Any) -> Any:
+    """The stage's own state: inside the ScheduledState of a stage whose options are scheduled or held."""
+    return state.state if isinstance(state, ScheduledState) and stage.in_state else state
+
+
+def _check_fields(stage: Stage, state: Any) -> None:
+    """A declared field the stage's state lacks is refused by name."""
+    fields = getattr(state, "_fields", None)
     missing = sorted(stage.state_last - set(fields or ()))
     if missing:
-        raise ValueError(f"{stage.label}: state_last names {missing}, which its state {type(new).__name__} does "
+        raise ValueError(f"{stage.label}: state_last names {missing}, which its state {type(state).__name__} does "
                          f"not have (its fields: {list(fields or ())})")
+
+
+def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never: list) -> Any:
+    """The stage's new state with its ``state_last`` fields ordered; a declared field not shaped like the
+    params is refused by name."""
+    if isinstance(new, ScheduledState) and stage.in_state:
+        return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, never))
     changed = {}
     for field in stage.state_last:
         try:
