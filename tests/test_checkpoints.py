@@ -17,6 +17,7 @@ from flax import serialization
 
 import updax as ux
 from checkpoint_cases import AFTER, BEFORE, CASES, flat, params, run
+from conftest import compile_cache_env
 
 #: Its fixture starts a subprocess: with pytest-xdist, one worker runs the whole module. The fixture is
 #: session-scoped: a worker may run other modules' tests between this module's, which would set a
@@ -27,8 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="session")
-def resumed(tmp_path_factory):
-    """Saves every case after BEFORE steps, resumes all of them in one fresh process; returns the directory."""
+def resumed(tmp_path_factory, pytestconfig):
+    """Saves every case after BEFORE steps, resumes all of them in one fresh process; returns the directory.
+    The fresh process loads the steps this one compiled from its compile cache (conftest.py)."""
     directory = tmp_path_factory.mktemp("checkpoints")
     for name, build in CASES.items():
         opt = build()
@@ -38,7 +40,8 @@ def resumed(tmp_path_factory):
             checkpointer.save(directory / f"{name}.orbax", state)
         (directory / f"{name}.flax").write_bytes(serialization.to_bytes(state))
     done = subprocess.run([sys.executable, "-W", "ignore", os.path.join(HERE, "checkpoint_cases.py"), str(directory)],
-                          cwd=HERE, capture_output=True, text=True, timeout=900)
+                          cwd=HERE, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **compile_cache_env(pytestconfig)})
     assert done.returncode == 0, done.stderr[-5000:]
     return directory
 
