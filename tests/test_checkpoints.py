@@ -30,7 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope="session")
 def resumed(tmp_path_factory, pytestconfig):
     """Saves every case after BEFORE steps, resumes all of them in one fresh process; returns the directory.
-    The fresh process loads the steps this one compiled from its compile cache (conftest.py)."""
+    The fresh process reads this one's compile cache (conftest.py): a step it compiles again is loaded (a
+    restored state's step is often a program of its own, so about a fifth of its time is saved)."""
     directory = tmp_path_factory.mktemp("checkpoints")
     for name, build in CASES.items():
         opt = build()
