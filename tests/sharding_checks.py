@@ -36,9 +36,8 @@ import updax as ux
 from registry import ENTRIES, half_squared_norm, updates_for
 
 #: Each param's partition spec: both mesh axes, one, none, and a None leaf.
-SPECS = {"w": P("data", "model"), "w2": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)],
-         "s": P()}
-SHAPES = {"w": (8, 4), "w2": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}  # (LAMB traces w and w2 once)
+SPECS = {"w": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)], "s": P()}
+SHAPES = {"w": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}
 STEPS = 3
 
 
