@@ -561,9 +561,8 @@ def main(argv=None):
     write_results(args.out, "results", result, markdown(result))
     if not args.quick:
         plot_path = Path(args.plot)
-        device = jax.devices()[0]
-        if device.platform != "cpu":
-            plot_path = plot_path.with_name(f"{plot_path.stem}-{device.platform}{plot_path.suffix}")
+        if result["platform"] != "cpu":
+            plot_path = plot_path.with_name(f"{plot_path.stem}-{result['platform']}{plot_path.suffix}")
         plot(result, plot_path)
     return result
 

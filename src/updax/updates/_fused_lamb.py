@@ -97,12 +97,13 @@ def _in_leaf_order(stages, updates, states, params, extra):
     # its own signature is traced in place (through jit, tracing and lowering it would take 10% longer).
     leaves = list(zip(flat(updates), flat(adam_state.mu), flat(adam_state.nu), flat(params)))
     flags = [(tuple(bool(chosen[i]) for _, chosen, _ in middle), bool(trusted[i])) for i in range(len(leaves))]
-    signatures = collections.Counter((_signature(arrays), flag) for arrays, flag in zip(leaves, flags))
+    keys = [(_signature(arrays), flag) for arrays, flag in zip(leaves, flags)]
+    sharing = collections.Counter(keys)
     shared = jax.jit(one_leaf, static_argnames=("selected", "rescaled"))
     out, mus, nus, token = [], [], [], None
-    for arrays, (selected, rescaled) in zip(leaves, flags):
-        g, m, v, p = arrays
-        run = shared if signatures[_signature(arrays), (selected, rescaled)] > 1 else one_leaf
+    for (g, m, v, p), key in zip(leaves, keys):
+        selected, rescaled = key[1]
+        run = shared if sharing[key] > 1 else one_leaf
         u, leaf_state, ratio = run(g, token, adam_state._replace(mu=m, nu=v), p, selected=selected,
                                    rescaled=rescaled)
         token = token if ratio is None else ratio
