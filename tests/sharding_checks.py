@@ -14,7 +14,8 @@ For each target, on an Explicit and on an Auto mesh of 4 x 2 devices
   keys) are replicated over it;
 - three jitted, donated steps on the sharded params give the single-device
   numbers within float32 rounding, and keep the sharding of every update and
-  of every state leaf init placed.
+  of every state leaf init placed. A target with a line search takes the
+  gradients of its objective and moves its params (see :func:`_run`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,21 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import updax as ux
-from registry import ENTRIES, half_squared_norm, updates_for
+from registry import ENTRIES, updates_for
 
-#: Each param's partition spec: both mesh axes, one, none, and a None leaf.
-SPECS = {"w": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)], "s": P()}
-SHAPES = {"w": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}
+#: Each param's partition spec: both mesh axes, one, none, and a None leaf; ``w2`` shares ``w``'s shape and
+#: spec (LAMB traces such leaves once, updax.updates._fused_lamb).
+SPECS = {"w": P("data", "model"), "w2": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)],
+         "s": P()}
+SHAPES = {"w": (8, 4), "w2": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}
+#: The stages that choose a step size from evaluations of their objective.
+LINE_SEARCHES = {"scale_by_zoom_linesearch", "scale_by_backtracking_linesearch"}
 STEPS = 3
+
+
+def quartic(params):
+    """``Σ w²/2 + w⁴/4`` over the tree: L-BFGS's objective, whose curvature varies from point to point."""
+    return sum((jnp.sum(p**2 / 2 + p**4 / 4) for p in jax.tree.leaves(params)), jnp.zeros([], jnp.float32))
 
 
 def _tree(seed):
@@ -56,7 +66,10 @@ def targets():
     out = {name: build for name, build in ENTRIES.items()}
     out.update({f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(0.1))
                 for name in ux.optimizers.__all__})
-    out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=half_squared_norm)  # its line search needs one
+    # Its line search needs an objective. Not half_squared_norm: its Hessian is the identity, so L-BFGS's direction
+    # is the gradient's times the learning rate, and with 0.1 a step of 1 is on the edge of the curvature test
+    # (1 - 0.1 = curv_rtol), a decision the rounding of a sharded sum can flip.
+    out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=quartic)
     del out["flat_state"]  # its state is not shaped like the params: flat_state_on_a_mesh checks it
     return out
 
@@ -101,12 +114,24 @@ def _placement(state, params, mesh, mirrors_only=False):
     return problems, derived
 
 
-def _run(opt, params, grads, mesh=None):
+def _run(opt, params, grads):
+    """The updates and the final state of jitted steps on ``grads``, at ``params``.
+
+    A target with a line search instead descends the objective it was built with: each step takes the
+    objective's gradient and moves the params. Random gradients are not a descent direction of it half of the
+    time, and a line search along an uphill direction fails and takes the last step it tried, a step whose
+    size rounding decides (see ``scale_by_zoom_linesearch``): a mesh may then end elsewhere than one device.
+    """
     step = jax.jit(lambda g, s, p: opt.update(g, s, p, loss=jnp.float32(1.0)), donate_argnums=1)
+    objective = next((stage.option("objective") for stage in opt.stages if stage.name in LINE_SEARCHES), None)
     state = opt.init(params)
     outs = []
     for g in grads:
+        if objective is not None:
+            g = jax.grad(objective)(params)
         u, state = step(updates_for(opt, g), state, params)
+        if objective is not None:
+            params = ux.apply_updates(params, u)
         outs.append(u)
     return outs, state
 
@@ -127,7 +152,7 @@ def check(name, build, axis_type, expected):
                          for (path, a), (_, b) in zip(_flat_specs(jitted), _flat_specs(state0)) if a != b]
         else:  # no sharding is known while tracing: the leaves shaped like their param still follow it
             problems += [f"jit(init) {p}" for p in _placement(jitted, sharded, mesh, mirrors_only=True)[0]]
-        outs, state = _run(opt, sharded, sharded_grads, mesh)
+        outs, state = _run(opt, sharded, sharded_grads)
         for (path, a), (_, b) in zip(_flat_specs(state), _flat_specs(state0)):
             if b.startswith("(") and a != b:
                 problems.append(f"after the steps state{path}: {a} where init gave {b}")

@@ -280,3 +280,34 @@ def test_after_a_failed_search_the_next_one_starts_again(build, reference):
         u, _ = opt.update(grad, state, w, value=value, grad=grad, value_fn=fn)
         steps.append(float(fn(w + u)))
     assert steps[0] < float(value) and steps[1] == float(value)
+
+
+@pytest.mark.parametrize("build, reference", [
+    (lambda: ux.scale_by_backtracking_linesearch(20),
+     lambda: optax.scale_by_backtracking_linesearch(20)),
+    (lambda: ux.scale_by_zoom_linesearch(20),
+     lambda: optax.scale_by_zoom_linesearch(20)),
+    (lambda: ux.scale_by_zoom_linesearch(12, initial_guess_strategy="one"),
+     lambda: optax.scale_by_zoom_linesearch(12, initial_guess_strategy="one")),
+], ids=["backtracking", "zoom_keep", "zoom_one"])
+def test_along_an_uphill_direction_the_search_fails_and_steps_uphill_as_optax_does(build, reference):
+    """The gradient itself as the direction: no step has sufficient decrease. Both searches use all their steps
+    and take the last one tried (uphill), as optax's do, and say so in the state (decrease_error > 0)."""
+    w = nested_tree(seed=0)
+    value, grad = jax.value_and_grad(quadratic)(w)
+    opt, ref = build(), reference()
+    updates, state = jax.jit(lambda: opt.update(grad, opt.init(w), w, value=value, grad=grad,
+                                                value_fn=quadratic))()
+    expected, ref_state = jax.jit(lambda: ref.update(grad, ref.init(w), w, value=value, grad=grad,
+                                                     value_fn=quadratic))()
+    for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, **TOL)
+    stage = state[0]
+    assert int(stage.num_linesearch_steps) == int(ref_state.info.num_linesearch_steps)
+    np.testing.assert_allclose(stage.decrease_error, ref_state.info.decrease_error, rtol=1e-4)
+    assert float(stage.decrease_error) > 0.0
+    assert float(quadratic(ux.apply_updates(w, updates))) > float(value)  # a step uphill
+    if not hasattr(stage, "curvature_error"):  # backtracking: 20 reductions by 0.8 from 1
+        np.testing.assert_allclose(stage.learning_rate, 0.8**20, rtol=1e-6)
+    else:  # shrunk towards 0
+        assert 0.0 < float(stage.learning_rate) < 1e-3

@@ -172,7 +172,11 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
 
     and the output is ``η·u``. If every value tried is NaN or infinite, ``η = 0``,
     and the next call starts again from ``max_learning_rate`` (optax's starts
-    from ``increase_factor·0 = 0`` and never moves again).
+    from ``increase_factor·0 = 0`` and never moves again). The direction must
+    descend (``<u, g> < 0``): along one that does not, no step of a convex
+    objective passes, and the last one tried,
+    ``decrease_factor**max_backtracking_steps`` times the first, is taken
+    uphill, as optax's is; the state's ``decrease_error > 0`` says so.
     ``update`` takes the objective's ``value``, ``grad`` and ``value_fn``
     (see the module), or the stage is built with ``objective``.
 
@@ -426,7 +430,13 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
     ``η·u``. Near flat values the decrease test is Hager and Zhang's
     approximate one, ``φ'(η) <= (2·slope_rtol - 1)·φ'(0)``, where
     ``φ(η) <= φ(0) + approx_dec_rtol·|φ(0)|``. Out of steps, it takes the best
-    step with sufficient decrease seen, else the last one tried. ``update``
+    step with sufficient decrease seen, else the last one tried (the state's
+    ``decrease_error`` or ``curvature_error`` is then > 0). The direction
+    must descend (``φ'(0) < 0``): along one that does not, no step of a convex
+    objective has sufficient decrease, and the search shrinks towards 0 and
+    takes its last, tiny step uphill, as optax's does. Where it stops is
+    decided by rounding, so that step may differ between one device and a
+    mesh. ``update``
     takes the objective's ``value``, ``grad`` and ``value_fn`` (see the
     module), or the stage is built with ``objective``.
 
