@@ -12,11 +12,15 @@ the benchmark's T, more than half of its step time). optax's steps copy it.
 
 A stage names such fields (``stateful(..., state_last=("mu",))``). Traced
 for the CPU, with params given to the outermost ``update``, each declared
-field's new value ``s`` becomes ``select(q < q, -s, s)``, element by
+field's new value ``s`` becomes ``select(q < q, q, s)``, element by
 element, where ``q`` is the param after the update, computed as
-:func:`updax.apply_updates` computes it. ``q < q`` is never true (NaN is not
-less than itself either), so the value is ``s`` bit for bit, but XLA does
-not fold the comparison. When the step adds the updates to the params in
+:func:`updax.apply_updates` computes it (``-s`` in place of ``q`` where
+their dtypes differ: a branch of a select has the select's dtype). ``q < q``
+is never true (NaN is not less than itself either), so the value is ``s``
+bit for bit, but XLA does not fold the comparison. Taking ``q`` as the
+branch never taken costs no operation of its own: against ``-s`` it saves
+one per leaf (1000 on the benchmark's S; Lion's compile on T 2.69 s down
+to 2.53 s, medians of 7). When the step adds the updates to the params in
 the same jit (``ux.apply_updates``, ``optax.apply_updates``,
 ``equinox.apply_updates``), XLA's common subexpression elimination makes
 ``q`` the params' own new buffer: the field's kernel reads it, so it runs
@@ -58,18 +62,17 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
         return new
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
-    never = [_never(p, u) for p, u in zip(ps, treedef.flatten_up_to(updates))]
-    return tuple(_ordered(stage, o, n, treedef, ps, never) if stage.state_last else n
+    sums = [_new_param(p, u) for p, u in zip(ps, treedef.flatten_up_to(updates))]
+    return tuple(_ordered(stage, o, n, treedef, ps, sums) if stage.state_last else n
                  for stage, o, n in zip(stages, old, new))
 
 
-def _never(p: jax.Array, u: jax.Array) -> jax.Array | None:
-    """``q < q`` for ``q = p + u`` as :func:`updax.apply_updates` computes it: all false, but read from the
-    params' new buffer. None for a complex leaf (left alone: its order has not been measured)."""
+def _new_param(p: jax.Array, u: jax.Array) -> jax.Array | None:
+    """``q = p + u`` as :func:`updax.apply_updates` computes it, for XLA to merge with the params' new buffer.
+    None for a complex leaf (left alone: its order has not been measured)."""
     if jnp.iscomplexobj(p) or jnp.iscomplexobj(u):
         return None
-    q = _tree.summed(p, u)  # (not yet placed like the param: a state split like the update reads its own slice)
-    return jax.lax.lt(q, q)
+    return _tree.summed(p, u)  # (not yet placed like the param: a state split like the update reads its own slice)
 
 
 def _own(stage: Stage, state: Any) -> Any:
@@ -86,11 +89,11 @@ def _check_fields(stage: Stage, state: Any) -> None:
                          f"not have (its fields: {list(fields or ())})")
 
 
-def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never: list) -> Any:
+def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, sums: list) -> Any:
     """The stage's new state with its ``state_last`` fields ordered; a declared field not shaped like the
     params is refused by name."""
     if isinstance(new, ScheduledState) and stage.in_state:
-        return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, never))
+        return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, sums))
     changed = {}
     for field in stage.state_last:
         try:
@@ -98,14 +101,16 @@ def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, never
         except (TypeError, ValueError):
             raise ValueError(f"{stage.label}: state_last field {field!r} must be a tree shaped like the params "
                              f"({treedef})") from None
-        changed[field] = treedef.unflatten([_after(o, n, p, c) for o, n, p, c in zip(olds, news, params, never)])
+        changed[field] = treedef.unflatten([_after(o, n, p, q) for o, n, p, q in zip(olds, news, params, sums)])
     return new._replace(**changed)
 
 
-def _after(old: jax.Array, new: jax.Array, param: jax.Array, never: jax.Array | None) -> jax.Array:
-    """``new``, read after ``never``'s param: a leaf passed through unchanged, shaped otherwise than the param
-    or not floating is left alone. The mask is placed like ``new`` (on an explicit mesh a select needs it),
-    which it already is when the state is split like the updates (ZeRO-1's state and updates both are)."""
-    if never is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
+def _after(old: jax.Array, new: jax.Array, param: jax.Array, q: jax.Array | None) -> jax.Array:
+    """``new``, read after the new param ``q``: a leaf passed through unchanged, shaped otherwise than the param
+    or not floating is left alone. ``q`` is placed like ``new`` (on an explicit mesh a select needs it), which
+    it already is when the state is split like the updates (ZeRO-1's state and updates both are)."""
+    if q is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
         return new
-    return jax.lax.select(_tree.place_like(never, new), jax.lax.neg(new), new)
+    q = _tree.place_like(q, new)
+    never_taken = q if q.dtype == new.dtype else jax.lax.neg(new)
+    return jax.lax.select(jax.lax.lt(q, q), never_taken, new)
