@@ -53,9 +53,11 @@ def _sharding(x):
 def _join(call: str, tree: Any, groups: list[str]) -> dict[str, jax.Array]:
     """The buffers of ``tree``'s leaves: each joined group flattened and concatenated in order, each larger leaf
     as it is."""
-    leaves, joined = jax.tree.leaves(tree), {}
-    for name in sorted(set(groups)):
-        members = [x for x, g in zip(leaves, groups) if g == name]
+    by_group, joined = {}, {}
+    for x, name in zip(jax.tree.leaves(tree), groups):  # (one pass: a scan per group was quadratic in the leaves)
+        by_group.setdefault(name, []).append(x)
+    for name in sorted(by_group):
+        members = by_group[name]
         if name.startswith("leaf_"):
             joined[name] = members[0]
             continue
