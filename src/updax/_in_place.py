@@ -19,9 +19,9 @@ their dtypes differ: a branch of a select has the select's dtype). ``q < q``
 is never true (NaN is not less than itself either), so the value is ``s``
 bit for bit, but XLA does not fold the comparison. Taking ``q`` as the
 branch never taken costs no operation of its own: against ``-s`` it saves
-one per leaf (1000 on the benchmark's S; Lion's compile on T 2.69 s down
-to 2.53 s, medians of 7). When the step adds the updates to the params in
-the same jit (``ux.apply_updates``, ``optax.apply_updates``,
+one per leaf (1000 on the benchmark's S), a change of compile time within
+this machine's noise (docs/performance.md). When the step adds the updates
+to the params in the same jit (``ux.apply_updates``, ``optax.apply_updates``,
 ``equinox.apply_updates``), XLA's common subexpression elimination makes
 ``q`` the params' own new buffer: the field's kernel reads it, so it runs
 after the params' kernel and writes in place. The price is that read, one
