@@ -9,6 +9,7 @@ import inspect
 import io
 import pathlib
 import re
+import statistics
 import subprocess
 import sys
 
@@ -148,6 +149,27 @@ def test_the_in_place_benchmark_runs_and_finds_the_copies_gone(tmp_path):
     assert row["updax_temp_mb"] < 0.01 < row["unordered_temp_mb"], row
     assert row["same_numbers"], row
     assert "| lion |" in (tmp_path / "in_place-quick.md").read_text()
+
+
+def test_the_compile_time_benchmark_runs_and_judges_against_its_own_noise(tmp_path):
+    """A smoke run of benchmarks/compile_times.py, and its verdict on made-up rounds: a gap counts only beyond
+    the quartiles of updax against itself."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compile_times as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert bench.verdict([1.2, 1.3, 1.25, 1.4], [0.95, 1.0, 1.05, 1.02]) == "above"
+    assert bench.verdict([0.7, 0.8, 0.75, 0.9], [0.95, 1.0, 1.05, 1.02]) == "below"
+    assert bench.verdict([1.1, 1.15, 1.2, 1.12], [0.8, 1.0, 1.3, 1.25]) == "level"  # within updax's own spread
+    assert bench.verdict([0.7, 1.3, 0.9, 1.2], [1.0, 1.0, 1.0, 1.0]) == "level"  # a quartile on each side of 1
+    (row,) = bench.main(["--quick", "--workloads", "B", "--recipes", "sgd+momentum", "--rounds", "2",
+                         "--out", str(tmp_path)])["rows"]
+    assert len(row["updax_compiles_s"]) == len(row["optax_compiles_s"]) == len(row["updax_again_s"]) == 2, row
+    assert row["ratio_quartiles"][1] == pytest.approx(
+        statistics.median(u / o for u, o in zip(row["updax_compiles_s"], row["optax_compiles_s"]))), row
+    assert row["verdict"] in ("below", "level", "above"), row
+    assert "| B | sgd+momentum |" in (tmp_path / "compile_times-quick.md").read_text()
 
 
 #: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
