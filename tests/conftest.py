@@ -58,7 +58,7 @@ def pytest_configure(config):
 # run: every run compiles everything once. A cache directory the user has set (JAX_COMPILATION_CACHE_DIR) is
 # left as it is. Measured: tests/test_contract.py alone, 239 s without it and 151 s with it (-n0).
 
-COMPILE_CACHE = pytest.StashKey[str]()
+COMPILE_CACHE = pytest.StashKey[dict]()
 
 
 def _compile_cache(config):
@@ -66,19 +66,18 @@ def _compile_cache(config):
 
     if jax.config.jax_compilation_cache_dir:
         return
-    config.stash[COMPILE_CACHE] = tempfile.mkdtemp(prefix="updax-xla-cache-")
-    jax.config.update("jax_compilation_cache_dir", config.stash[COMPILE_CACHE])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program, however quick
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # Every program, however quick to compile or small.
+    config.stash[COMPILE_CACHE] = {"jax_compilation_cache_dir": tempfile.mkdtemp(prefix="updax-xla-cache-"),
+                                   "jax_persistent_cache_min_compile_time_secs": 0.0,
+                                   "jax_persistent_cache_min_entry_size_bytes": -1}
+    for name, value in config.stash[COMPILE_CACHE].items():
+        jax.config.update(name, value)
 
 
 def compile_cache_env(config) -> dict:
     """Environment variables that give a subprocess this process's compile cache, for a subprocess this process
     waits for (it writes nothing meanwhile): a fresh process that resumes what this one compiled loads it."""
-    if COMPILE_CACHE not in config.stash:
-        return {}
-    return {"JAX_COMPILATION_CACHE_DIR": config.stash[COMPILE_CACHE], "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    return {name.upper(): str(value) for name, value in config.stash.get(COMPILE_CACHE, {}).items()}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -129,4 +128,4 @@ def pytest_unconfigure(config):
     if not hasattr(config, "workerinput") and SHARDED_OUT in config.stash:
         shutil.rmtree(os.path.dirname(config.stash[SHARDED_OUT]), ignore_errors=True)
     if COMPILE_CACHE in config.stash:
-        shutil.rmtree(config.stash[COMPILE_CACHE], ignore_errors=True)
+        shutil.rmtree(config.stash[COMPILE_CACHE]["jax_compilation_cache_dir"], ignore_errors=True)
