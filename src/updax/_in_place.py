@@ -67,12 +67,14 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
                  for stage, o, n in zip(stages, old, new))
 
 
-def _new_param(p: jax.Array, u: jax.Array) -> jax.Array | None:
-    """``q = p + u`` as :func:`updax.apply_updates` computes it, for XLA to merge with the params' new buffer.
-    None for a complex leaf (left alone: its order has not been measured)."""
+def _new_param(p: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+    """``(q, q < q)`` for ``q = p + u`` as :func:`updax.apply_updates` computes it (XLA merges it with the
+    params' new buffer): the new param and an all-false mask read from it, once per leaf for every ordered
+    field. None for a complex leaf (left alone: its order has not been measured)."""
     if jnp.iscomplexobj(p) or jnp.iscomplexobj(u):
         return None
-    return _tree.summed(p, u)  # (not yet placed like the param: a state split like the update reads its own slice)
+    q = _tree.summed(p, u)  # (not yet placed like the param: a state split like the update reads its own slice)
+    return q, jax.lax.lt(q, q)
 
 
 def _own(stage: Stage, state: Any) -> Any:
@@ -105,12 +107,14 @@ def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, sums:
     return new._replace(**changed)
 
 
-def _after(old: jax.Array, new: jax.Array, param: jax.Array, q: jax.Array | None) -> jax.Array:
-    """``new``, read after the new param ``q``: a leaf passed through unchanged, shaped otherwise than the param
-    or not floating is left alone. ``q`` is placed like ``new`` (on an explicit mesh a select needs it), which
-    it already is when the state is split like the updates (ZeRO-1's state and updates both are)."""
-    if q is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
+def _after(old: jax.Array, new: jax.Array, param: jax.Array,
+           summed: tuple[jax.Array, jax.Array] | None) -> jax.Array:
+    """``new``, read after the new param (``summed``, :func:`_new_param`'s): a leaf passed through unchanged,
+    shaped otherwise than the param or not floating is left alone. What the select reads is placed like ``new``
+    (on an explicit mesh a select needs it), which it already is when the state is split like the updates
+    (ZeRO-1's state and updates both are)."""
+    if summed is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
         return new
-    q = _tree.place_like(q, new)
-    never_taken = q if q.dtype == new.dtype else jax.lax.neg(new)
-    return jax.lax.select(jax.lax.lt(q, q), never_taken, new)
+    q, never = summed
+    never_taken = _tree.place_like(q, new) if q.dtype == new.dtype else jax.lax.neg(new)
+    return jax.lax.select(_tree.place_like(never, new), never_taken, new)
