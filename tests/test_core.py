@@ -339,6 +339,47 @@ def test_mismatched_trees_name_the_path_and_the_call():
         opt.update({"a": jnp.zeros(2), "b": [jnp.zeros(1)]}, state)
 
 
+def test_the_state_check_reuses_the_shapes_init_gave_and_still_catches_a_wrong_state():
+    # The step checks its state against init's shapes. After opt.init(params) it takes them from that call, so the
+    # first trace of a jitted step does not trace init a second time; an object that never ran init works them out.
+    inits = []
+
+    def init_fn(params):
+        inits.append(1)
+        return {"m": jax.tree.map(jnp.zeros_like, params)}
+
+    def apply_fn(updates, state, params):
+        return updates, {"m": jax.tree.map(jnp.add, state["m"], updates)}
+
+    def build():
+        return ux.stateful(init_fn, apply_fn, name="counted").scale(-0.5)
+
+    params = {"a": jnp.ones(3), "b": [jnp.ones((2, 2)), None]}
+    grads = jax.tree.map(lambda p: 2 * p, params)
+    opt = build()
+    state = opt.init(params)
+    step = jax.jit(opt.update)
+    updates, state = step(grads, state, params)
+    assert len(inits) == 1
+    np.testing.assert_allclose(updates["b"][0], -np.ones((2, 2)))
+    np.testing.assert_allclose(state[0]["m"]["a"], 2 * np.ones(3))
+    # An equal object that never ran init: its first step traces init once (shapes only) for the check.
+    other = build()
+    other.update(grads, state, params)
+    assert len(inits) == 2
+    # Wrong states are caught either way, with the path named.
+    bad = (state[0] | {"m": {"a": jnp.ones(4), "b": state[0]["m"]["b"]}}, state[1])
+    for pipeline in (opt, other):
+        with pytest.raises(ValueError, match=r"the state does not fit these params: at state\[0\]\['m'\]\['a'\] "
+                                             r"init\(\) gives shape \(3,\), the state has shape \(4,\)"):
+            pipeline.update(grads, bad, params)
+    # Params of other shapes through the same object: init's shapes for those are worked out, not reused.
+    small = {"a": jnp.ones(2), "b": [jnp.ones((2, 2)), None]}
+    with pytest.raises(ValueError, match=r"at state\[0\]\['m'\]\['a'\] init\(\) gives shape \(2,\), the state has "
+                                         r"shape \(3,\)"):
+        opt.update(jax.tree.map(lambda p: 2 * p, small), state, small)
+
+
 def _betas_kernel(updates, params, *, betas):
     return jax.tree.map(lambda g: g * betas[0] + betas[1], updates)
 

@@ -23,25 +23,45 @@ _RESTORE_HINT = ("pass the state that init() returned (a checkpoint must be rest
                  "target, so that the state keeps its NamedTuple types)")
 
 
-def init(stages: Sequence[Stage], params: Any) -> tuple:
-    """The initial state: one entry per stage, in pipeline order."""
+def init(pipeline: Any, params: Any) -> tuple:
+    """The initial state: one entry per stage, in pipeline order.
+
+    Its shapes are kept on the pipeline for the step's state check, so the
+    first trace of a step whose state came from this object's ``init`` does
+    not trace ``init`` again to learn them (on many leaves that second trace
+    is a good part of the step's tracing).
+    """
     params = _tree.as_arrays("init", params, "params")
-    return _tree.onto_mesh_of(tuple(stage.init(params) for stage in stages), params)
+    state = _tree.onto_mesh_of(tuple(stage.init(params) for stage in pipeline.stages), params)
+    _remember(pipeline, _shapes_key(params), jax.tree.map(jax.typeof, state))
+    return state
+
+
+def _shapes_key(reference: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(reference)
+    return treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves)
+
+
+def _remember(pipeline: Any, key: tuple, shapes: Any) -> None:
+    cache = pipeline._state_shapes
+    cache.pop(key, None)
+    cache[key] = shapes
+    if len(cache) > 64:  # params of many shapes through one object: keep the newest
+        del cache[next(iter(cache))]
 
 
 def _expected_state(pipeline: Any, reference: Any) -> Any:
-    """The shapes of ``pipeline.init(reference)``, or None if they cannot be worked out from shapes alone."""
-    leaves, treedef = jax.tree.flatten(reference)
-    key = (treedef, tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves))
+    """The shapes of ``pipeline.init(reference)`` (as its last ``init`` of such params gave them, else worked out
+    from shapes alone), or None if they cannot be worked out from shapes alone."""
+    key = _shapes_key(reference)
     cache = pipeline._state_shapes
     if key not in cache:
         try:
             with _tree.shapes_only():
-                cache[key] = jax.eval_shape(pipeline.init, reference)
+                shapes = jax.eval_shape(pipeline.init, reference)
         except Exception:  # e.g. a mask that looks at values: the step reports its own errors then
-            cache[key] = None
-        if len(cache) > 64:  # params of many shapes through one object: keep the newest
-            del cache[next(iter(cache))]
+            shapes = None
+        _remember(pipeline, key, shapes)
     return cache[key]
 
 

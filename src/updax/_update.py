@@ -86,7 +86,7 @@ class Update:
 
     def init(self, params: Any) -> tuple[Any, ...]:
         """Returns the initial state: a tuple with one entry per stage, in pipeline order."""
-        return _execute.init(self.stages, params)
+        return _execute.init(self, params)
 
     def update(self, updates: Any, state: Any, params: Any = None, **extra: Any) -> tuple[Any, tuple[Any, ...]]:
         """Transforms ``updates``; returns ``(updates, new_state)``.
