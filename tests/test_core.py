@@ -378,6 +378,11 @@ def test_the_state_check_reuses_the_shapes_init_gave_and_still_catches_a_wrong_s
     with pytest.raises(ValueError, match=r"at state\[0\]\['m'\]\['a'\] init\(\) gives shape \(2,\), the state has "
                                          r"shape \(3,\)"):
         opt.update(jax.tree.map(lambda p: 2 * p, small), state, small)
+    # A state leaf that is not a JAX type (a user's tag) is carried through eagerly, unchecked, as before.
+    tagged = ux.stateful(lambda p: {"tag": "x", "n": 0}, lambda u, s, p: (u, s), name="tagged")
+    updates, new_state = tagged.update(grads, tagged.init(params), params)
+    assert new_state == ({"tag": "x", "n": 0},)
+    np.testing.assert_array_equal(updates["a"], grads["a"])
 
 
 def _betas_kernel(updates, params, *, betas):

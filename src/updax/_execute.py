@@ -33,7 +33,11 @@ def init(pipeline: Any, params: Any) -> tuple:
     """
     params = _tree.as_arrays("init", params, "params")
     state = _tree.onto_mesh_of(tuple(stage.init(params) for stage in pipeline.stages), params)
-    _remember(pipeline, _shapes_key(params), jax.tree.map(jax.typeof, state))
+    try:
+        shapes = jax.tree.map(jax.typeof, state)
+    except TypeError:  # a leaf that is not a JAX type (a user's string): the step works the shapes out, or not
+        return state
+    _remember(pipeline, _shapes_key(params), shapes)
     return state
 
 
