@@ -99,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 7)
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
     if rounds < 1:
         parser.error("--rounds must be at least 1")
     unknown = sorted(set(args.recipes.split(",")) - set(run.RECIPES)) + sorted(

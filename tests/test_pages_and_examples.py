@@ -163,6 +163,10 @@ def test_the_compile_time_benchmark_runs_and_judges_against_its_own_noise(tmp_pa
     assert bench.verdict([0.7, 0.8, 0.75, 0.9], [0.95, 1.0, 1.05, 1.02]) == "below"
     assert bench.verdict([1.1, 1.15, 1.2, 1.12], [0.8, 1.0, 1.3, 1.25]) == "level"  # within updax's own spread
     assert bench.verdict([0.7, 1.3, 0.9, 1.2], [1.0, 1.0, 1.0, 1.0]) == "level"  # a quartile on each side of 1
+    for bad in (["--rounds", "0"], ["--workloads", "X"], ["--recipes", "adam,nadam"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main([*bad, "--out", str(tmp_path)])
+        assert exit_info.value.code == 2, bad
     (row,) = bench.main(["--quick", "--workloads", "B", "--recipes", "sgd+momentum", "--rounds", "2",
                          "--out", str(tmp_path)])["rows"]
     assert len(row["updax_compiles_s"]) == len(row["optax_compiles_s"]) == len(row["updax_again_s"]) == 2, row
