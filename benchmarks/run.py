@@ -32,6 +32,7 @@ library in a fresh process (its first call compiles every op per leaf shape).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import platform
@@ -207,13 +208,17 @@ class Bandwidth:
 def time_side_by_side(fns, params, grads, repeats, bw=None):
     """Median seconds per call of each compiled step, interleaved call by call (and the bandwidth kernel).
 
-    The order within a round rotates (A B, then B A; A B C, B C A, C A B): the step that runs right after the
-    bandwidth kernel finds the caches flushed by it, which measurably slowed whichever side always ran first.
+    The order within a round goes through every permutation in turn (A B, B A; A B C, A C B, B A C, ...). The
+    step that runs right after the bandwidth kernel finds the caches flushed by it, which measurably slowed
+    whichever side always ran first; and a step run right after the same program (updax after updax's A/A
+    copy) may find more of it warm, so each side follows each other side equally often, which rotating
+    (A B C, B C A, C A B: A always after C, B after A) did not do.
     """
     carries = [(copy(params), copy(init)) for _, init in fns]
     times = [[] for _ in fns]
+    orders = list(itertools.permutations(range(len(fns))))
     for r in range(repeats + 2):  # two warm-up rounds
-        for i in [(r + k) % len(fns) for k in range(len(fns))]:
+        for i in orders[r % len(orders)]:
             fn = fns[i][0]
             p, s = carries[i]
             start = time.perf_counter()
@@ -380,8 +385,9 @@ def run_case(workload, params, recipe, repeats, bw, optax_first=False):
 # A real training step: forward + backward + update
 
 
-def train_step_case(recipe, repeats, quick, optax_first=False, report=True):
-    """A pre-norm transformer block stack in plain JAX: loss, grads and the optimizer step in one jit."""
+def train_problem(quick):
+    """A pre-norm transformer block stack in plain JAX: its params, and ``make(opt)``, the jitted step (loss,
+    grads and the optimizer step in one jit, params and state donated; its third argument is unused)."""
     d, layers, tokens = (64, 2, 64) if quick else (256, 4, 256)
     rng = np.random.default_rng(3)
 
@@ -409,6 +415,12 @@ def train_step_case(recipe, repeats, quick, optax_first=False, report=True):
 
         return jax.jit(step, donate_argnums=(0, 1))
 
+    return params, make
+
+
+def train_step_case(recipe, repeats, quick, optax_first=False, report=True):
+    """The train step (``train_problem``) of both libraries: compile times and step times."""
+    params, make = train_problem(quick)
     opts = [RECIPES[recipe][0](), RECIPES[recipe][1]()]
     fns, seconds = [None, None], [[], []]
     order = (1, 0) if optax_first else (0, 1)

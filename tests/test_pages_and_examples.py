@@ -176,6 +176,35 @@ def test_the_compile_time_benchmark_runs_and_judges_against_its_own_noise(tmp_pa
     assert "| B | sgd+momentum |" in (tmp_path / "compile_times-quick.md").read_text()
 
 
+def test_the_step_time_benchmark_runs_in_rounds_and_judges_with_the_compile_time_rule(tmp_path):
+    """A smoke run of benchmarks/step_times.py: per-round ratios, the A/A beside them, and the verdict rule
+    shared with compile_times.py."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compile_times
+        import step_times as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert bench.verdict is compile_times.verdict
+    for bad in (["--rounds", "0"], ["--repeats", "0"], ["--workloads", "X"], ["--recipes", "adam,nadam"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main([*bad, "--out", str(tmp_path)])
+        assert exit_info.value.code == 2, bad
+    rows = bench.main(["--quick", "--workloads", "B,train", "--recipes", "sgd+momentum", "--rounds", "2",
+                       "--repeats", "2", "--out", str(tmp_path)])["rows"]
+    assert [(r["workload"], r["recipe"]) for r in rows] == [("B", "sgd+momentum"), ("train", "sgd+momentum")]
+    for row in rows:
+        assert len(row["updax_round_ms"]) == len(row["optax_round_ms"]) == len(row["updax_again_round_ms"]) == 2
+        ratios = [u / o for u, o in zip(row["updax_round_ms"], row["optax_round_ms"])]
+        aa = [u / again for u, again in zip(row["updax_round_ms"], row["updax_again_round_ms"])]
+        assert row["ratio_quartiles"][1] == pytest.approx(statistics.median(ratios)), row
+        assert row["aa_quartiles"][1] == pytest.approx(statistics.median(aa)), row
+        assert row["updax_ms"] == pytest.approx(statistics.median(row["updax_round_ms"])), row
+        assert row["verdict"] == bench.verdict(ratios, aa), row
+    text = (tmp_path / "step_times-quick.md").read_text()
+    assert "| train | sgd+momentum |" in text and "of 2." in text
+
+
 #: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
 POLARIS = {
     "Polaris.Updates": ["add_decayed_weights", "add_noise", "apply_updates", "centralize", "clip",
