@@ -13,8 +13,8 @@ the A/A ratios of one run span about 0.90-1.14x, so a single ratio of
 1.04x says nothing either way. Here each case compiles both libraries'
 steps once, then times them in rounds: each round is ``run.py``'s
 interleaved loop (updax, optax and updax again on buffers of their own,
-``--repeats`` calls each after two warm-up calls, the order rotating call
-by call), on fresh copies of the params and state, and gives one ratio
+``--repeats`` calls each after two warm-up calls, the order going through
+every permutation), on fresh copies of the params and state, and gives one ratio
 (the medians' updax/optax) and one A/A ratio (updax/updax again). A case is
 *above* optax when the lower quartile of its round ratios is above 1 and
 above the upper quartile of its A/A ratios, *below* in the mirror case, and
