@@ -3,7 +3,7 @@ itself.
 
 Run from the repository root (``pip install -e ".[bench]"`` first)::
 
-    python benchmarks/step_times.py                       # T, S, B and train, 7 rounds: about 40 minutes on 2 cores
+    python benchmarks/step_times.py                       # T, S, B and train, 7 rounds: about 50 minutes on 2 cores
     python benchmarks/step_times.py --workloads S --recipes sgd+momentum,adam --rounds 11
     python benchmarks/step_times.py --quick               # small workloads, 3 rounds: a smoke run
 
