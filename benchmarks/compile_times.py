@@ -74,21 +74,38 @@ def case(workload, params, recipe, rounds):
     return row
 
 
+def verdict_table(rows, what, times):
+    """The table of judged cases (``compile_times.py``'s and ``step_times.py``'s): both sides' ``what`` (a row's
+    two cells by ``times(row)``), the ratio and A/A quartiles and the verdict, then the count of verdicts."""
+    lines = [f"| workload | recipe | updax {what} | optax {what} | updax / optax | A/A | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        q, a = r["ratio_quartiles"], r["aa_quartiles"]
+        lines.append(f"| {r['workload']} | {r['recipe']} | {' | '.join(times(r))} | "
+                     f"{q[1]:.2f}x [{q[0]:.2f}, {q[2]:.2f}] | {a[1]:.2f}x [{a[0]:.2f}, {a[2]:.2f}] | "
+                     f"{r['verdict']} |")
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("below", "level", "above")}
+    at_most_1 = sum(r["ratio_quartiles"][1] <= 1.0 for r in rows)
+    return lines + ["", f"below optax: {counts['below']}, level: {counts['level']}, above: {counts['above']}; "
+                        f"median ratio at most 1.00x: {at_most_1} of {len(rows)}."]
+
+
 def markdown(result):
     lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
              f"compile time (trace, lower, XLA compile) of the donated step, {result['rounds']} rounds; "
-             "ratios: median [lower quartile, upper quartile] over rounds.",
-             "",
-             "| workload | recipe | updax compile | optax compile | updax / optax | A/A | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        q, a = r["ratio_quartiles"], r["aa_quartiles"]
-        lines.append(f"| {r['workload']} | {r['recipe']} | {r['updax_s']:.2f} s | {r['optax_s']:.2f} s | "
-                     f"{q[1]:.2f}x [{q[0]:.2f}, {q[2]:.2f}] | {a[1]:.2f}x [{a[0]:.2f}, {a[2]:.2f}] | "
-                     f"{r['verdict']} |")
-    counts = {v: sum(r["verdict"] == v for r in result["rows"]) for v in ("below", "level", "above")}
-    lines += ["", f"below optax: {counts['below']}, level: {counts['level']}, above: {counts['above']}."]
+             "ratios: median [lower quartile, upper quartile] over rounds.", ""]
+    lines += verdict_table(result["rows"], "compile", lambda r: (f"{r['updax_s']:.2f} s", f"{r['optax_s']:.2f} s"))
     return "\n".join(lines) + "\n"
+
+
+def check_choices(parser, args, workloads):
+    """Refuses (exit 2) ``--rounds`` below 1 and workloads or recipes the benchmark does not have."""
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    unknown = sorted(set(args.recipes.split(",")) - set(run.RECIPES)) + sorted(
+        set(args.workloads.split(",")) - set(workloads))
+    if unknown:
+        parser.error(f"unknown workloads or recipes: {unknown}")
 
 
 def main(argv=None):
@@ -99,13 +116,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
+    check_choices(parser, args, ("T", "S", "B"))
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
-    if rounds < 1:
-        parser.error("--rounds must be at least 1")
-    unknown = sorted(set(args.recipes.split(",")) - set(run.RECIPES)) + sorted(
-        set(args.workloads.split(",")) - {"T", "S", "B"})
-    if unknown:
-        parser.error(f"unknown workloads or recipes: {unknown}")
     data = run.workloads(args.quick)
     recipes = args.recipes.split(",")
     run.warm_up(recipes)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
-from compile_times import quartiles, verdict  # noqa: E402  (the same rule as for compile times)
+from compile_times import check_choices, quartiles, verdict, verdict_table  # noqa: E402  (the same rule)
 
 WORKLOADS = ("T", "S", "B", "train")
 
@@ -76,19 +76,8 @@ def markdown(result):
     lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
              f"step time of the donated jitted step, {result['rounds']} rounds of {result['repeats']} interleaved "
              "calls a side; times: median over rounds of each round's median; ratios: median [lower quartile, "
-             "upper quartile] over rounds.",
-             "",
-             "| workload | recipe | updax step | optax step | updax / optax | A/A | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        q, a = r["ratio_quartiles"], r["aa_quartiles"]
-        lines.append(f"| {r['workload']} | {r['recipe']} | {r['updax_ms']:.2f} ms | {r['optax_ms']:.2f} ms | "
-                     f"{q[1]:.2f}x [{q[0]:.2f}, {q[2]:.2f}] | {a[1]:.2f}x [{a[0]:.2f}, {a[2]:.2f}] | "
-                     f"{r['verdict']} |")
-    counts = {v: sum(r["verdict"] == v for r in result["rows"]) for v in ("below", "level", "above")}
-    at_most_1 = sum(r["ratio_quartiles"][1] <= 1.0 for r in result["rows"])
-    lines += ["", f"below optax: {counts['below']}, level: {counts['level']}, above: {counts['above']}; "
-                  f"median ratio at most 1.00x: {at_most_1} of {len(result['rows'])}."]
+             "upper quartile] over rounds.", ""]
+    lines += verdict_table(result["rows"], "step", lambda r: (f"{r['updax_ms']:.2f} ms", f"{r['optax_ms']:.2f} ms"))
     return "\n".join(lines) + "\n"
 
 
@@ -101,14 +90,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None, help="timed calls a side per round")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
+    check_choices(parser, args, WORKLOADS)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 15)
-    if rounds < 1 or repeats < 1:
-        parser.error("--rounds and --repeats must be at least 1")
-    unknown = sorted(set(args.recipes.split(",")) - set(run.RECIPES)) + sorted(
-        set(args.workloads.split(",")) - set(WORKLOADS))
-    if unknown:
-        parser.error(f"unknown workloads or recipes: {unknown}")
     data = run.workloads(args.quick)
     recipes = args.recipes.split(",")
     run.warm_up(recipes)
