@@ -6,6 +6,7 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/compile_times.py                    # T and B, 7 rounds: about 25 minutes on 2 cores
     python benchmarks/compile_times.py --workloads S --recipes lion --rounds 3
     python benchmarks/compile_times.py --quick            # small workloads, 3 rounds: a smoke run
+    python benchmarks/compile_times.py --catalogue        # every optimizer on T, 3 rounds: about 50 minutes
 
 ``run.py`` compiles each side once (three times below 5 s) and its table
 gives one ratio per case; a single compile of a few seconds moves by 10-20%
@@ -19,6 +20,10 @@ its own second compile (A/A: the same program, so only noise). A case is
 above the upper quartile of its A/A ratios, *below* in the mirror case, and
 *level* otherwise. Results go to ``benchmarks/results/compile_times.json``
 and ``compile_times.md``.
+
+``--catalogue`` takes the recipes from ``catalogue.py`` instead: every
+optimizer of ``updax.optimizers`` beside optax's with the same rule, by
+default on T, 3 rounds (results: ``compile_times_catalogue.*``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import catalogue  # noqa: E402  (every optimizer beside optax's)
 import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
 
 #: The order of the three compiles of a round, by round number modulo 3: 0 is updax, 1 optax, 2 updax again.
@@ -53,13 +59,14 @@ def verdict(ratios, aa):
     return "level"
 
 
-def case(workload, params, recipe, rounds):
-    """One workload and recipe: ``rounds`` rounds of three compiles."""
+def case(workload, params, recipe, rounds, recipes=run.RECIPES):
+    """One workload and recipe (of ``recipes``: name -> (updax's, optax's)): ``rounds`` rounds of three
+    compiles."""
     grads = run.grads_like(params, 0)
     seconds = [[], [], []]
     for r in range(rounds):
         for i in ORDERS[r % 3]:
-            opt = run.RECIPES[recipe][1 if i == 1 else 0]()
+            opt = recipes[recipe][1 if i == 1 else 0]()
             seconds[i].append(run.compile_step(opt, params, grads)[1])
     ratios = [u / o for u, o in zip(seconds[0], seconds[1])]
     aa = [u / again for u, again in zip(seconds[0], seconds[2])]
@@ -98,11 +105,11 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
-def check_choices(parser, args, workloads):
+def check_choices(parser, args, workloads, recipes=run.RECIPES):
     """Refuses (exit 2) ``--rounds`` below 1 and workloads or recipes the benchmark does not have."""
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    unknown = sorted(set(args.recipes.split(",")) - set(run.RECIPES)) + sorted(
+    unknown = sorted(set(args.recipes.split(",")) - set(recipes)) + sorted(
         set(args.workloads.split(",")) - set(workloads))
     if unknown:
         parser.error(f"unknown workloads or recipes: {unknown}")
@@ -111,20 +118,27 @@ def check_choices(parser, args, workloads):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small workloads, 3 rounds (a smoke run)")
-    parser.add_argument("--workloads", default="T,B", help="of T, S, B (S: 20-170 s a compile)")
-    parser.add_argument("--recipes", default=",".join(run.RECIPES))
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--catalogue", action="store_true",
+                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes")
+    parser.add_argument("--workloads", default=None, help="of T, S, B (S: 20-170 s a compile); default T,B "
+                                                          "(with --catalogue: T)")
+    parser.add_argument("--recipes", default=None, help="default: all of them")
+    parser.add_argument("--rounds", type=int, default=None, help="default 7 (--catalogue 3, --quick 3)")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    check_choices(parser, args, ("T", "S", "B"))
-    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
+    table = catalogue.CATALOGUE if args.catalogue else run.RECIPES
+    args.workloads = args.workloads or ("T" if args.catalogue else "T,B")
+    args.recipes = args.recipes or ",".join(table)
+    check_choices(parser, args, ("T", "S", "B"), table)
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick or args.catalogue else 7)
     data = run.workloads(args.quick)
     recipes = args.recipes.split(",")
-    run.warm_up(recipes)
-    rows = [case(name, data[name], recipe, rounds)
+    run.warm_up(recipes, table)
+    rows = [case(name, data[name], recipe, rounds, table)
             for name in ("T", "S", "B") if name in args.workloads.split(",") for recipe in recipes]
-    result = {**run.environment(), "quick": args.quick, "rounds": rounds, "rows": rows}
-    run.write_results(args.out, "compile_times", result, markdown(result))
+    result = {**run.environment(), "quick": args.quick, "catalogue": args.catalogue, "rounds": rounds, "rows": rows}
+    run.write_results(args.out, "compile_times_catalogue" if args.catalogue else "compile_times", result,
+                      markdown(result))
     return result
 
 

@@ -327,11 +327,12 @@ def _run_eager_case(spec, quick):
     print(json.dumps(eager_step_time(opt, params, grads_like(params, 0))))
 
 
-def warm_up(recipes):
-    """Compiles and runs each recipe once on a tiny tree, so one-time tracing costs hit neither side's timings."""
+def warm_up(recipes, table=RECIPES):
+    """Compiles and runs each recipe (of ``table``: name -> (updax's, optax's)) once on a tiny tree, so one-time
+    tracing costs hit neither side's timings."""
     params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
     for recipe in recipes:
-        for opt in (RECIPES[recipe][0](), RECIPES[recipe][1]()):
+        for opt in (table[recipe][0](), table[recipe][1]()):
             jax.block_until_ready(make_step(opt)(copy(params), opt.init(params), params))
 
 

@@ -13,6 +13,8 @@ import statistics
 import subprocess
 import sys
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import updax as ux
@@ -174,6 +176,32 @@ def test_the_compile_time_benchmark_runs_and_judges_against_its_own_noise(tmp_pa
         statistics.median(u / o for u, o in zip(row["updax_compiles_s"], row["optax_compiles_s"]))), row
     assert row["verdict"] in ("below", "level", "above"), row
     assert "| B | sgd+momentum |" in (tmp_path / "compile_times-quick.md").read_text()
+
+
+def test_the_catalogue_benchmark_pairs_every_optimizer_with_optax_s_same_rule(tmp_path):
+    """benchmarks/catalogue.py: every optimizer is paired or left out with a reason, each pair computes the same
+    numbers (but rprop, one step late in optax 0.2.8), and ``compile_times.py --catalogue`` runs on it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import catalogue
+        import compile_times as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert set(catalogue.CATALOGUE) | set(catalogue.LEFT_OUT) == set(ux.optimizers.__all__)
+    assert not set(catalogue.CATALOGUE) & set(catalogue.LEFT_OUT) and catalogue.LAGGED <= set(catalogue.CATALOGUE)
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(6, 5)), jnp.float32), "b": jnp.asarray(rng.uniform(0.5, 1, 5),
+                                                                                        jnp.float32)}
+    for name in catalogue.CATALOGUE:
+        worst = catalogue.same_numbers(name, params)
+        assert (worst > 0.1) if name in catalogue.LAGGED else (worst < 1e-3), (name, worst)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--catalogue", "--recipes", "adam+momentum", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    (row,) = bench.main(["--catalogue", "--quick", "--recipes", "adopt", "--rounds", "1", "--out", str(tmp_path)])[
+        "rows"]
+    assert (row["workload"], row["recipe"], row["rounds"]) == ("T", "adopt", 1), row
+    assert "| T | adopt |" in (tmp_path / "compile_times_catalogue-quick.md").read_text()
 
 
 def test_the_step_time_benchmark_runs_in_rounds_and_judges_with_the_compile_time_rule(tmp_path):

@@ -18,7 +18,8 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, adam_directions, bias_corrections, moment, per_leaf, safe_sqrt, store
+from updax.updates._kernels import (abs_sq, adam_directions, add, bias_corrections, div, maximum, moment, mul,
+                                   per_leaf, per_leaf_rooted, store, sub, where)
 
 # --------------------------------------------------------------------------
 # States
@@ -79,6 +80,14 @@ def _adam_like_update(call, leaf, updates, state, count):
     return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
 
 
+def _adam_like_rooted(call, before, after, updates, state, count):
+    """:func:`_adam_like_update` for a kernel with a root: ``before(g, mu, nu) -> (radicand, *carry)``,
+    ``after(root, *carry) -> (u, mu, nu)`` (:func:`updax.updates._kernels.per_leaf_rooted`)."""
+    u, mu, nu = per_leaf_rooted(call, before, after, (updates, state.mu, state.nu),
+                                ("updates", "state.mu", "state.nu"))
+    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+
+
 def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root):
     """Like :func:`_adam_like_update` for a kernel whose update is Adam's direction: ``moments(g, mu, nu) ->
     (mu, nu)`` gives the new moments (in the compute dtype), and :func:`adam_directions` the update from them,
@@ -135,11 +144,14 @@ def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
     if not nesterov:
         return _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root)
 
-    def leaf(g, m, v):
+    def before(g, m, v):
         m, v = moments(g, m, v)
-        return m_hat(m, g) / (safe_sqrt(v / c2 + eps_root) + eps), m, v
+        return add(div(v, c2), eps_root), g, m, v
 
-    return _adam_like_update(call, leaf, updates, state, count)
+    def after(root, g, m, v):
+        return div(m_hat(m, g), add(root, eps)), m, v
+
+    return _adam_like_rooted(call, before, after, updates, state, count)
 
 
 @combinator
@@ -199,12 +211,15 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root, nes
     c1, c2 = bias_corrections(count, b1, b2)
     m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
-    def leaf(g, m, s):
+    def before(g, m, s):
         m = moment(b1, m, g)
-        s = moment(b2, s, abs_sq(g - m)) + eps_root
-        return m_hat(m, g) / (safe_sqrt(s / c2) + eps), m, s
+        s = add(moment(b2, s, abs_sq(sub(g, m))), eps_root)
+        return div(s, c2), g, m, s
 
-    return _adam_like_update("scale_by_belief", leaf, updates, state, count)
+    def after(root, g, m, s):
+        return div(m_hat(m, g), add(root, eps)), m, s
+
+    return _adam_like_rooted("scale_by_belief", before, after, updates, state, count)
 
 
 @combinator
@@ -270,12 +285,14 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
     r = jnp.sqrt(jnp.where(rectified, ratio, 1.0))
     estimate = _first_moment_estimate(count, b1, c1, nesterov)
 
-    def leaf(g, m, v):
+    def before(g, m, v):
         m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        m_hat = estimate(m, g)
-        return jnp.where(rectified, r * m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m_hat), m, v
+        return add(div(v, c2), eps_root), estimate(m, g), m, v
 
-    return _adam_like_update("scale_by_radam", leaf, updates, state, count)
+    def after(root, m_hat, m, v):
+        return where(rectified, div(mul(r, m_hat), add(root, eps)), m_hat), m, v
+
+    return _adam_like_rooted("scale_by_radam", before, after, updates, state, count)
 
 
 @combinator
@@ -406,13 +423,17 @@ def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def leaf(g, m, v, v_max):
+    def before(g, m, v, v_max):
         m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        v_max = jnp.maximum(v_max, v / c2)
-        return (m / c1) / (safe_sqrt(v_max + eps_root) + eps), m, v, v_max
+        v_max = maximum(v_max, div(v, c2))
+        return add(v_max, eps_root), m, v, v_max
 
-    u, mu, nu, nu_max = per_leaf("scale_by_amsgrad", leaf, (updates, state.mu, state.nu, state.nu_max),
-                                 ("updates", "state.mu", "state.nu", "state.nu_max"))
+    def after(root, m, v, v_max):
+        return div(div(m, c1), add(root, eps)), m, v, v_max
+
+    u, mu, nu, nu_max = per_leaf_rooted("scale_by_amsgrad", before, after,
+                                        (updates, state.mu, state.nu, state.nu_max),
+                                        ("updates", "state.mu", "state.nu", "state.nu_max"))
     return u, ScaleByAmsgradState(mu=mu, nu=nu, nu_max=nu_max, count=count)
 
 
@@ -597,15 +618,18 @@ def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
     c1, c2, c3 = bias_corrections(count, b1, b2, b3)
     first = count == 1
 
-    def leaf(g, m, d, n, g_prev):
-        diff = jnp.where(first, 0.0, g - g_prev)
+    def before(g, m, d, n, g_prev):
+        diff = where(first, 0.0, sub(g, g_prev))
         m, d = moment(b1, m, g), moment(b2, d, diff)
-        look_ahead = g + b2 * diff
+        look_ahead = add(g, mul(b2, diff))
         n = moment(b3, n, abs_sq(look_ahead))
-        return (m / c1 + b2 * d / c2) / (safe_sqrt(n / c3 + eps_root) + eps), m, d, n, g
+        return add(div(n, c3), eps_root), g, m, d, n
 
-    u, mu, mu_diff, nu, prev = per_leaf(
-        "scale_by_adan", leaf, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),
+    def after(root, g, m, d, n):
+        return div(add(div(m, c1), div(mul(b2, d), c2)), add(root, eps)), m, d, n, g
+
+    u, mu, mu_diff, nu, prev = per_leaf_rooted(
+        "scale_by_adan", before, after, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),
         ("updates", "state.mu", "state.mu_diff", "state.nu", "state.prev_grads"))
     return u, ScaleByAdanState(mu=mu, mu_diff=mu_diff, nu=nu, prev_grads=prev, count=count)
 

@@ -21,7 +21,8 @@ from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._adam import ScaleByAdamState, _adam_like_init
-from updax.updates._kernels import abs_sq, bias_corrections, moment, per_leaf, safe_sqrt
+from updax.updates._kernels import (abs_sq, add, bias_corrections, clip, div, maximum, moment, mul, per_leaf_rooted,
+                                   where)
 
 # --------------------------------------------------------------------------
 # States
@@ -49,7 +50,7 @@ def _dtypes(call, mu_dtype, nu_dtype):
 def _clipped(x, bound):
     """``x`` clipped to ``[-bound, bound]``; a complex ``x`` keeps its phase and has its modulus clipped."""
     if not jnp.iscomplexobj(x):
-        return jnp.clip(x, -bound, bound)
+        return clip(x, -bound, bound)
     size = jnp.abs(x)
     over = size > bound
     return jnp.where(over, x * (bound / jnp.where(over, size, 1.0)), x)
@@ -60,17 +61,25 @@ def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=Non
     if use_clipping and clip_value is None:
         clip_value = _tree.float_count(state.count) ** 0.25
 
-    def leaf(g, m, v):
+    def before(g, m, v):
+        return v.real if jnp.iscomplexobj(v) else v, g, m, v
+
+    # On the first call the selects below discard the normalised update. Its divisor must not be 0 even so (0
+    # times an infinite derivative is NaN): 1 on that call, unless eps is a positive number.
+    guarded = not (type(eps) is float and eps > 0)
+
+    def after(root, g, m, v):
         g2 = abs_sq(g)
-        scale = jnp.maximum(safe_sqrt(v.real if jnp.iscomplexobj(v) else v), eps)
-        normed = g / jnp.where(first, 1.0, scale)
+        scale = maximum(root, eps)
+        normed = div(g, where(first, 1.0, scale) if guarded else scale)
         if use_clipping:
             normed = _clipped(normed, clip_value)
-        m = jnp.where(first, m, moment(b1, m, normed))
+        m = where(first, m, moment(b1, m, normed))
         u = moment(b1, m, normed) if nesterov else m
-        return jnp.where(first, 0.0, u), m, jnp.where(first, g2, moment(b2, v, g2))
+        return where(first, 0.0, u), m, where(first, g2, moment(b2, v, g2))
 
-    u, mu, nu = per_leaf("scale_by_adopt", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    u, mu, nu = per_leaf_rooted("scale_by_adopt", before, after, (updates, state.mu, state.nu),
+                                ("updates", "state.mu", "state.nu"))
     return u, ScaleByAdamState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
 
 
@@ -153,12 +162,16 @@ def _apply_scale_by_ademamix(updates, state, params, *, b1, b2, b3, alpha, eps, 
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def leaf(g, m1, m2, v):
+    def before(g, m1, m2, v):
         m1, m2, v = moment(b1, m1, g), moment(b3, m2, g), moment(b2, v, abs_sq(g))
-        return (m1 / c1 + alpha * m2) / (safe_sqrt(v / c2 + eps_root) + eps), m1, m2, v
+        return add(div(v, c2), eps_root), m1, m2, v
 
-    u, mu_fast, mu_slow, nu = per_leaf("scale_by_ademamix", leaf, (updates, state.mu_fast, state.mu_slow, state.nu),
-                                       ("updates", "state.mu_fast", "state.mu_slow", "state.nu"))
+    def after(root, m1, m2, v):
+        return div(add(div(m1, c1), mul(alpha, m2)), add(root, eps)), m1, m2, v
+
+    u, mu_fast, mu_slow, nu = per_leaf_rooted("scale_by_ademamix", before, after,
+                                              (updates, state.mu_fast, state.mu_slow, state.nu),
+                                              ("updates", "state.mu_fast", "state.mu_slow", "state.nu"))
     return u, ScaleByAdemamixState(mu_fast=mu_fast, mu_slow=mu_slow, nu=nu, count=count)
 
 
@@ -223,11 +236,14 @@ def _apply_scale_by_simplified_ademamix(updates, state, params, *, b1, b2, alpha
     count = _tree.safe_increment(state.count)
     (c2,) = bias_corrections(count, b2)
 
-    def leaf(g, m, v):
-        m, v = b1 * m + g, moment(b2, v, abs_sq(g))
-        return (m + alpha * g) / (safe_sqrt(v / c2 + eps_root) + eps), m, v
+    def before(g, m, v):
+        m, v = add(mul(b1, m), g), moment(b2, v, abs_sq(g))
+        return add(div(v, c2), eps_root), g, m, v
 
-    u, mu, nu = per_leaf("scale_by_simplified_ademamix", leaf, (updates, state.mu, state.nu),
+    def after(root, g, m, v):
+        return div(add(m, mul(alpha, g)), add(root, eps)), m, v
+
+    u, mu, nu = per_leaf_rooted("scale_by_simplified_ademamix", before, after, (updates, state.mu, state.nu),
                          ("updates", "state.mu", "state.nu"))
     return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
 

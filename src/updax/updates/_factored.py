@@ -310,8 +310,11 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
         if g.ndim < 2:
             new = (s,)
         else:
-            # (initial=0: a zero-size leaf has no maximum; s >= 0 everywhere else)
-            new = tuple(jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i), initial=0.0)
+            # A zero-size leaf has no maximum: its covers are 0 (s >= 0 everywhere else). Only there: a
+            # maximum with an initial value is one more operation per leaf, which XLA keeps out of the reduction's
+            # kernel (one more kernel per cover).
+            new = tuple(jax.lax.reduce_max(s, tuple(j for j in range(g.ndim) if j != i)) if s.size else
+                        jnp.max(s, axis=tuple(j for j in range(g.ndim) if j != i), initial=0.0)
                         for i in range(g.ndim))
         return m.astype(g.dtype), tuple(x.astype(a.dtype) for x, a in zip(new, covers)), m.astype(m0.dtype)
 

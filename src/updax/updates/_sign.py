@@ -42,7 +42,9 @@ class ScaleByRpropState(NamedTuple):
 
 def _apply_scale_by_sign(updates, params):
     real_only("scale_by_sign", updates)
-    return jax.tree.map(lambda g: jnp.sign(g.astype(_tree.compute_dtype(g.dtype))).astype(g.dtype), updates)
+    # (lax's sign: jnp.sign is a jitted function, traced again for every leaf shape)
+    return jax.tree.map(lambda g: _tree.cast(jax.lax.sign(_tree.cast(g, _tree.compute_dtype(g.dtype))), g.dtype),
+                        updates)
 
 
 @combinator

@@ -1,0 +1,106 @@
+"""The catalogue side by side: every optimizer of ``updax.optimizers`` beside optax's with the same rule.
+
+``compile_times.py --catalogue`` compiles each pair in rounds on the
+transformer-like workload T (``run.py``'s ten recipes are the main table's).
+The options are the ones under which the two libraries compute the same
+numbers (``same_numbers`` checks it; the smoke test runs it for every pair),
+mostly both libraries' defaults; the comments say where one side needs another
+option to match the other.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+
+import updax as ux
+
+O, contrib = ux.optimizers, optax.contrib
+
+#: name (of ``updax.optimizers``) -> (updax's optimizer, optax's), both built on call.
+CATALOGUE = {
+    # optax's default eps is 1e-16, updax's (Axon's) 0.
+    "adabelief": (lambda: O.adabelief(1e-3, eps=1e-16), lambda: optax.adabelief(1e-3)),
+    # optax's learning rate defaults to None (no scaling); updax's (Axon's) to 1.
+    "adadelta": (lambda: O.adadelta(1.0), lambda: optax.adadelta(1.0)),
+    "adafactor": (lambda: O.adafactor(1e-3), lambda: optax.adafactor(1e-3)),
+    "adagrad": (lambda: O.adagrad(1e-3), lambda: optax.adagrad(1e-3)),
+    # optax's default eps_root is 0, updax's (Axon's) 1e-15.
+    "adam": (lambda: O.adam(1e-3, eps_root=0.0), lambda: optax.adam(1e-3)),
+    "adamw": (lambda: O.adamw(1e-3, eps_root=0.0, decay=1e-4), lambda: optax.adamw(1e-3)),
+    "adamax": (lambda: O.adamax(1e-3), lambda: optax.adamax(1e-3)),
+    "adamaxw": (lambda: O.adamaxw(1e-3), lambda: optax.adamaxw(1e-3)),
+    "ademamix": (lambda: O.ademamix(1e-3), lambda: contrib.ademamix(1e-3)),
+    # optax 0.2.8's Adan weights the gradient differences by 1 - b2 where the paper has b2: equal at b2 = 0.5.
+    "adan": (lambda: O.adan(1e-3, b2=0.5), lambda: optax.adan(1e-3, b2=0.5)),
+    "adopt": (lambda: O.adopt(1e-3), lambda: contrib.adopt(1e-3)),
+    "amsgrad": (lambda: O.amsgrad(1e-3), lambda: optax.amsgrad(1e-3)),
+    "cocob": (lambda: O.cocob(), lambda: contrib.cocob()),
+    "dadapt_adamw": (lambda: O.dadapt_adamw(), lambda: contrib.dadapt_adamw()),
+    "dog": (lambda: O.dog(), lambda: contrib.dog()),
+    "dowg": (lambda: O.dowg(), lambda: contrib.dowg()),
+    "fromage": (lambda: O.fromage(1e-3), lambda: optax.fromage(1e-3)),
+    "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0), lambda: optax.lamb(1e-3)),
+    "lars": (lambda: O.lars(1e-3), lambda: optax.lars(1e-3)),
+    "lion": (lambda: O.lion(1e-4), lambda: optax.lion(1e-4)),
+    "muon": (lambda: O.muon(), lambda: contrib.muon(0.02)),
+    "nadam": (lambda: O.nadam(1e-3), lambda: optax.nadam(1e-3)),
+    "nadamw": (lambda: O.nadamw(1e-3), lambda: optax.nadamw(1e-3)),
+    # No noise (eta = 0): the two libraries draw it from different keys. It is drawn and scaled all the same.
+    "noisy_sgd": (lambda: O.noisy_sgd(1e-2, eta=0.0), lambda: optax.noisy_sgd(1e-2, eta=0.0, key=jax.random.key(0))),
+    "novograd": (lambda: O.novograd(1e-3), lambda: optax.novograd(1e-3)),
+    # optax's optimistic_adam_v2 defaults to Nesterov's first moment, updax's to Adam's.
+    "optimistic_adam": (lambda: O.optimistic_adam(1e-3), lambda: optax.optimistic_adam_v2(1e-3, nesterov=False)),
+    "optimistic_gradient_descent": (lambda: O.optimistic_gradient_descent(1e-2),
+                                    lambda: optax.optimistic_gradient_descent(1e-2)),
+    "prodigy": (lambda: O.prodigy(), lambda: contrib.prodigy()),
+    "radam": (lambda: O.radam(1e-3), lambda: optax.radam(1e-3)),
+    "rmsprop": (lambda: O.rmsprop(1e-3), lambda: optax.rmsprop(1e-3)),
+    # optax 0.2.8 returns the previous step's update (0 on the first): the same rule one step late.
+    "rprop": (lambda: O.rprop(1e-3), lambda: optax.rprop(1e-3)),
+    "schedule_free_adamw": (lambda: O.schedule_free_adamw(), lambda: contrib.schedule_free_adamw()),
+    "sgd": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
+    "sign_sgd": (lambda: O.sign_sgd(1e-3), lambda: optax.sign_sgd(1e-3)),
+    "signum": (lambda: O.signum(1e-3), lambda: optax.signum(1e-3)),
+    "simplified_ademamix": (lambda: O.simplified_ademamix(1e-3), lambda: contrib.simplified_ademamix(1e-3)),
+    "sm3": (lambda: O.sm3(1e-2), lambda: optax.sm3(1e-2)),
+    "yogi": (lambda: O.yogi(1e-2), lambda: optax.yogi(1e-2)),
+}
+
+#: The optimizers left out, and why: their ``update`` needs more than the gradients, the state and the params.
+LEFT_OUT = {
+    "dpsgd": "takes per-example gradients",
+    "lbfgs": "takes the objective's value and its function (a line search)",
+    "polyak_sgd": "takes the objective's value",
+}
+
+
+#: The pairs whose numbers differ by design (see the comments above): ``same_numbers`` does not hold for them.
+LAGGED = {"rprop"}
+
+
+def same_numbers(name, params, steps=3):
+    """The largest difference between the two sides' params after ``steps`` jitted steps, relative to the
+    largest change optax made to that leaf (``run.check_equal``'s measure)."""
+    results = []
+    for make in CATALOGUE[name]:
+        opt = make()
+        state = opt.init(params)
+        step = jax.jit(lambda p, s, g, opt=opt: _apply(opt, p, s, g))
+        p = params
+        for t in range(steps):
+            g = jax.tree.map(lambda x, t=t: np.cos(np.arange(x.size, dtype=np.float32) * (t + 1.3))
+                             .reshape(x.shape) * 1e-2, params)
+            p, state = step(p, state, g)
+        results.append(p)
+    worst = 0.0
+    for a, b, p in zip(*(jax.tree.leaves(r) for r in results), jax.tree.leaves(params)):
+        a, b, p = (np.asarray(x, np.float64) for x in (a, b, p))
+        worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(b - p)), 1e-30)))
+    return worst
+
+
+def _apply(opt, params, state, grads):
+    updates, state = opt.update(grads, state, params)
+    return jax.tree.map(lambda p, u: p + u, params, updates), state
