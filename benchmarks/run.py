@@ -333,7 +333,8 @@ def warm_up(recipes, table=RECIPES):
     params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
     for recipe in recipes:
         for opt in (table[recipe][0](), table[recipe][1]()):
-            jax.block_until_ready(make_step(opt)(copy(params), opt.init(params), params))
+            # (copies: some of optax's states hold the params' own buffers, which a donated step cannot take twice)
+            jax.block_until_ready(make_step(opt)(copy(params), copy(opt.init(params)), params))
 
 
 def run_case(workload, params, recipe, repeats, bw, optax_first=False):

@@ -82,3 +82,29 @@ def test_accumulate_gradients_runs_the_inner_pipeline_on_the_mean_of_each_k(k):
             for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(expected)):
                 np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
     assert int(wrapped.get_state(state, "accumulate_gradients/scale_by_adam.count")) == 4
+
+
+def test_a_decay_of_the_number_zero_passes_the_updates_through_without_an_operation():
+    """``add_decayed_weights(0.0)`` (every optimizer's default decay) traces nothing and leaves an infinite
+    param's update alone; a decay of 0 given as a traced value computes ``u + 0·p`` (NaN there, as optax)."""
+    params = {"w": jnp.array([jnp.inf, 1.0]), "b": None, "m": [jnp.ones((2, 2))]}
+    grads = {"w": jnp.array([1.0, -0.0]), "b": None, "m": [jnp.full((2, 2), 3.0)]}
+    for opt in (ux.add_decayed_weights(0.0), ux.add_decayed_weights(0, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))):
+        state = opt.init(params)
+        jaxpr = jax.make_jaxpr(lambda g, p: opt.update(g, state, p)[0])(grads, params)
+        assert not jaxpr.eqns, jaxpr
+        out = opt.update(grads, state, params)[0]
+        assert jax.tree.structure(out) == jax.tree.structure(grads)
+        assert np.array_equal(np.signbit(out["w"]), [False, True]) and np.array_equal(out["w"], [1.0, 0.0])
+    def decayed(decay, g, p):
+        opt = ux.add_decayed_weights(decay)
+        return opt.update(g, opt.init(p), p)[0]
+
+    traced = jax.jit(decayed)
+    assert np.isnan(traced(0.0, grads, params)["w"][0])
+    # A non-zero decay still decays; the optimizers' default (decay=0) pipelines equal the undecayed ones.
+    assert float(decayed(0.5, grads, params)["w"][1]) == 0.5
+    adamw, adam = ux.optimizers.adamw(0.1), ux.optimizers.adam(0.1)
+    u1 = adamw.update(grads, adamw.init(params), params)[0]
+    u2 = adam.update(grads, adam.init(params), params)[0]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)))

@@ -18,8 +18,8 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import (abs_sq, adam_directions, add, bias_corrections, div, maximum, moment, mul,
-                                   per_leaf, per_leaf_rooted, store, sub, where)
+from updax.updates._kernels import (abs_sq, absolute, adam_directions, add, bias_corrections, div, maximum, moment,
+                                   mul, per_leaf, per_leaf_rooted, sign, store, sub, where)
 
 # --------------------------------------------------------------------------
 # States
@@ -360,7 +360,7 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
 
     def moments(g, m, v):
         g2 = abs_sq(g)
-        return moment(b1, m, g), v - (1 - b2) * jnp.sign(v - g2) * g2
+        return moment(b1, m, g), sub(v, mul(mul(1 - b2, sign(sub(v, g2))), g2))
 
     return _adam_moments_update("scale_by_yogi", moments, updates, state, count, c1, c2, eps, eps_root)
 
@@ -494,8 +494,8 @@ def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
     (c1,) = bias_corrections(count, b1)
 
     def leaf(g, m, v):
-        m, v = moment(b1, m, g), jnp.maximum(jnp.abs(g) + eps, b2 * v)
-        return (m / c1) / v, m, v
+        m, v = moment(b1, m, g), maximum(add(absolute(g), eps), mul(b2, v))
+        return div(div(m, c1), v), m, v
 
     return _adam_like_update("scale_by_adamax", leaf, updates, state, count)
 

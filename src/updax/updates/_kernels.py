@@ -166,8 +166,19 @@ def where(cond: Any, x: Any, y: Any) -> Any:
     return jax.lax.select(cond, x, y)
 
 
-def _sqrt(x: jax.Array) -> jax.Array:
+def sqrt(x: jax.Array) -> jax.Array:
+    """``jnp.sqrt(x)``."""
     return jax.lax.sqrt(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.sqrt(x)
+
+
+def sign(x: jax.Array) -> jax.Array:
+    """``jnp.sign(x)``."""
+    return jax.lax.sign(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.sign(x)
+
+
+def absolute(x: jax.Array) -> jax.Array:
+    """``jnp.abs(x)``."""
+    return jax.lax.abs(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.abs(x)
 
 
 def abs_sq(x: jax.Array) -> jax.Array:
@@ -190,13 +201,13 @@ def safe_sqrt(x: Any) -> Any:
     one-sided derivative infinite where the numerator is not 0 as well; it is
     taken as 0 there too.
     """
-    return jax.tree.map(_sqrt, x)
+    return jax.tree.map(sqrt, x)
 
 
 @safe_sqrt.defjvp
 def _safe_sqrt_jvp(primals, tangents):
     def leaf(x, dx):
-        root = _sqrt(x)
+        root = sqrt(x)
         nonzero = root != 0  # (not root > 0: a complex moment holding real values comes here too)
         return root, dx * jnp.where(nonzero, 0.5 / jnp.where(nonzero, root, 1.0), 0.0)
 

@@ -25,11 +25,18 @@ from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import (
     abs_sq,
+    absolute,
+    add,
     bias_corrections,
+    div,
     filled,
+    maximum,
+    mul,
     real_only,
     safe_sqrt,
     scaled,
+    sub,
+    where,
 )
 from updax.updates._masking import leaf_mask
 
@@ -138,7 +145,13 @@ def _sq_norm(tree, dtype):
 def _div(a, b):
     """``a / b``, and 0 where ``b`` is 0 (a double where: the discarded branch keeps its gradient finite)."""
     nonzero = b != 0
-    return jnp.where(nonzero, a / jnp.where(nonzero, b, 1), jnp.zeros_like(a))
+    return where(nonzero, div(a, where(nonzero, b, 1.0)), jnp.zeros_like(a))
+
+
+def _div_positive(a, b, eps):
+    """``_div(a, b)`` for ``b = root + eps`` with ``root >= 0``: a plain division when ``eps`` is a positive
+    number (``b`` is never 0 then), which saves a comparison and two selects per element."""
+    return div(a, b) if type(eps) is float and eps > 0 else _div(a, b)
 
 
 def _copy(call, params):
@@ -197,8 +210,9 @@ def _apply_scale_by_prodigy(updates, state, params, *, learning_rate, b1, b2, b3
     denominator = _total(l1, dtype)
     estim_lr = jnp.where(denominator > 0, jnp.maximum(d, estim_lr_coef * _div(numerator, denominator)), d)
     decays = leaf_mask(call, mask, params)
-    out = [(dlr * (_div(m, safe_sqrt(v) + estim_lr * eps) + (decay * p.astype(m.dtype) if decays else 0))
-            ).astype(g.dtype) for (g, *_, p), m, v, decays in zip(leaves, mus, nus, decays)]
+    roots = safe_sqrt(nus)  # (one call for the tree: safe_sqrt traces a sub-program per call)
+    out = [(dlr * (_div(m, root + estim_lr * eps) + (decay * p.astype(m.dtype) if decays else 0))
+            ).astype(g.dtype) for (g, *_, p), m, root, decays in zip(leaves, mus, roots, decays)]
     stored = [[x.astype(leaf[i].dtype) for x, leaf in zip(xs, leaves)] for i, xs in ((1, mus), (2, nus), (3, sums))]
     mu, nu, grad_sum = (treedef.unflatten(xs) for xs in stored)
     return treedef.unflatten(out), ScaleByProdigyState(
@@ -302,16 +316,22 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
     dlr = d * learning_rate * jnp.sqrt(c2) / c1
     treedef, leaves = _leaves(call, (updates, state.mu, state.nu, state.grad_sum, params),
                               ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
-    outs, mus, nus, sums, dots, l1 = [], [], [], [], [], []
-    for (g, m, v, s, p), decays in zip(leaves, leaf_mask(call, mask, params)):
-        c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, s.dtype, p.dtype)
+    outs, mus, nus, sums, dots, l1, news = [], [], [], [], [], [], []
+    computes = [_tree.compute_dtype(*(x.dtype for x in leaf)) for leaf in leaves]
+    # The roots of the old and of the new v, each in one call for the tree (safe_sqrt traces a sub-program per call).
+    old_roots = safe_sqrt([v.astype(c) for (_, _, v, _, _), c in zip(leaves, computes)])
+    for (g, m, v, s, p), c, old_root in zip(leaves, computes, old_roots):
         g32, v32, s32 = g.astype(c), v.astype(c), s.astype(c)
-        dots.append(jnp.sum(g32 * _div(s32, safe_sqrt(v32) + eps)))  # <g, s>, weighted by the old v
+        dots.append(jnp.sum(g32 * _div_positive(s32, old_root + eps, eps)))  # <g, s>, weighted by the old v
         m32 = b1 * m.astype(c) + (1 - b1) * dlr * g32
         v32 = b2 * v32 + (1 - b2) * g32 * g32
         s32 = sb2 * s32 + (1 - sb2) * dlr * g32
         l1.append(jnp.sum(jnp.abs(s32)))
-        outs.append((_div(m32, safe_sqrt(v32) + eps) + (decay * dlr * p.astype(c) if decays else 0)).astype(g.dtype))
+        news.append((m32, v32, s32))
+    for (g, m, v, s, p), c, (m32, v32, s32), root, decays in zip(
+            leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params)):
+        outs.append((_div_positive(m32, root + eps, eps) + (decay * dlr * p.astype(c) if decays else 0))
+                    .astype(g.dtype))
         mus.append(m32.astype(m.dtype))
         nus.append(v32.astype(v.dtype))
         sums.append(s32.astype(s.dtype))
@@ -549,13 +569,13 @@ def _apply_scale_by_cocob(updates, state, params, *, alpha):
     new = []
     for g, theta, big_l, big_g, reward, p, x0 in leaves:
         c = _tree.compute_dtype(*(x.dtype for x in (g, theta, big_l, big_g, reward, p, x0)))
-        g32, p32, x032 = g.astype(c), p.astype(c), x0.astype(c)
-        theta32 = theta.astype(c) + g32
-        l32 = jnp.maximum(big_l.astype(c), jnp.abs(g32))
-        g_sum32 = big_g.astype(c) + jnp.abs(g32)
-        r32 = jnp.maximum(reward.astype(c) - g32 * (p32 - x032), 0)
-        bet = _div(theta32 * (l32 + r32), l32 * jnp.maximum(g_sum32 + l32, alpha * l32))
-        new.append(((x032 - bet - p32).astype(g.dtype), theta32.astype(theta.dtype), l32.astype(big_l.dtype),
+        g32, p32, x032 = (_tree.cast(x, c) for x in (g, p, x0))
+        theta32 = add(_tree.cast(theta, c), g32)
+        l32 = maximum(_tree.cast(big_l, c), absolute(g32))
+        g_sum32 = add(_tree.cast(big_g, c), absolute(g32))
+        r32 = maximum(sub(_tree.cast(reward, c), mul(g32, sub(p32, x032))), 0.0)
+        bet = _div(mul(theta32, add(l32, r32)), mul(l32, maximum(add(g_sum32, l32), mul(alpha, l32))))
+        new.append((sub(sub(x032, bet), p32).astype(g.dtype), theta32.astype(theta.dtype), l32.astype(big_l.dtype),
                     g_sum32.astype(big_g.dtype), r32.astype(reward.dtype)))
     out, sum_grads, max_abs, sum_abs, reward = (treedef.unflatten([leaf[i] for leaf in new]) for i in range(5))
     return out, ScaleByCocobState(init_params=state.init_params, sum_grads=sum_grads, max_abs_grad=max_abs,

@@ -21,7 +21,11 @@ from updax.updates._masking import leafwise
 
 
 def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
+    none = type(decay) in (int, float) and decay == 0  # (a number, not a traced or scheduled value)
+
     def leaf(g, p):
+        if none:
+            return g
         c = _tree.compute_dtype(g.dtype, p.dtype)
         return _tree.cast(add(_tree.cast(g, c), mul(decay, _tree.cast(p, c))), g.dtype)
 
@@ -35,7 +39,11 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[
 
     Update rule: ``u ← u + decay·p`` on the leaves ``mask`` selects; the
     others pass through unchanged. Keeping biases and normalisation scales
-    out of the decay is the usual use.
+    out of the decay is the usual use. A decay of the number 0 (the default
+    of the optimizers that take one) passes every update through as it is,
+    without an operation: no pass over the params, and an infinite param
+    does not turn its update into NaN (``0·inf``). A decay of 0 given as a
+    traced value or a schedule computes ``u + 0·p``.
 
     Args:
         decay: the weight-decay rate, any real number. Default: ``0.0``.

@@ -16,7 +16,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, moment, per_leaf
+from updax.updates._kernels import abs_sq, add, div, maximum, moment, mul, per_leaf, sqrt, sub, where
 
 # --------------------------------------------------------------------------
 # States
@@ -59,7 +59,7 @@ def _init_scale_by_rms(params, *, initial_scale, nu_dtype):
 def _apply_scale_by_rms(updates, state, params, *, decay, eps):
     def leaf(g, v):
         v = moment(decay, v, abs_sq(g))
-        return g * jax.lax.rsqrt(v + eps), v
+        return mul(g, jax.lax.rsqrt(add(v, eps))), v
 
     u, nu = per_leaf("scale_by_rms", leaf, (updates, state.nu), ("updates", "state.nu"))
     return u, ScaleByRmsState(nu=nu)
@@ -115,11 +115,11 @@ def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype):
 def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
     def leaf(g, m, v):
         m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
-        variance = v - abs_sq(m)
+        variance = sub(v, abs_sq(m))
         variance = variance.real if jnp.iscomplexobj(variance) else variance
         # Clamped at 0: where the variance vanishes (decay 0 or tiny), rounding (an FMA under jit) can take
         # v - m² below 0, and the root would be NaN.
-        return g * jax.lax.rsqrt(jnp.maximum(variance, 0.0) + eps), m, v
+        return mul(g, jax.lax.rsqrt(add(maximum(variance, 0.0), eps))), m, v
 
     u, mu, nu = per_leaf("scale_by_stddev", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     return u, ScaleByStddevState(mu=mu, nu=nu)
@@ -178,8 +178,8 @@ def _init_scale_by_rss(params, *, initial_accumulator_value, accumulator_dtype):
 
 def _apply_scale_by_rss(updates, state, params, *, eps):
     def leaf(g, s):
-        s = s + abs_sq(g)
-        return g * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0), s
+        s = add(s, abs_sq(g))
+        return mul(g, where(s > 0, jax.lax.rsqrt(add(s, eps)), 0.0)), s
 
     u, sos = per_leaf("scale_by_rss", leaf, (updates, state.sum_of_squares), ("updates", "state.sum_of_squares"))
     return u, ScaleByRssState(sum_of_squares=sos)
@@ -235,7 +235,7 @@ def _init_scale_by_adadelta(params, *, accumulator_dtype):
 def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
     def leaf(g, eg, ex):
         eg = moment(rho, eg, abs_sq(g))
-        u = jnp.sqrt(ex + eps) / jnp.sqrt(eg + eps) * g
+        u = mul(div(sqrt(add(ex, eps)), sqrt(add(eg, eps))), g)
         return u, eg, moment(rho, ex, abs_sq(u))
 
     u, eg, ex = per_leaf("scale_by_adadelta", leaf, (updates, state.avg_sq_grad, state.avg_sq_step),

@@ -14,7 +14,7 @@ from updax._primitives import apply_updates, stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._clipping import global_norm
-from updax.updates._kernels import filled, per_leaf
+from updax.updates._kernels import filled, mul, per_leaf, sub, where
 
 # --------------------------------------------------------------------------
 # Lookahead
@@ -262,8 +262,8 @@ def _apply_optimistic(updates, state, params, *, alpha, beta):
     first = state.is_initial_step
 
     def leaf(g, previous):
-        previous = jnp.where(first, g, previous)  # before the first step there is no previous one: take g
-        return (alpha + beta) * g - beta * previous, g
+        previous = where(first, g, previous)  # before the first step there is no previous one: take g
+        return sub(mul(alpha + beta, g), mul(beta, previous)), g
 
     u, previous = per_leaf("scale_by_optimistic_gradient", leaf, (updates, state.previous_gradient),
                            ("updates", "state.previous_gradient"))
