@@ -13,7 +13,7 @@ from updax._combinators import combinator
 from updax._primitives import apply_updates, stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import blend, filled, warmed_up
+from updax.updates._kernels import add, blend, filled, mul, sub, warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
@@ -37,14 +37,15 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
     weight_sum = state.weight_sum + weight
     ck = jnp.where(weight_sum > 0, weight / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
     steps, inner_state = inner.update(updates, state.inner, params, **extra)
+    keep = 1 - b1 * (1 - ck)
 
     def leaf(y, z0, u):
         # y' - y with x = (y - (1 - b1)·z) / b1 substituted into y' = b1·x' + (1 - b1)·z': no division by b1,
         # so a tiny b1 neither overflows nor magnifies the rounding of y.
         c = _tree.compute_dtype(y.dtype, z0.dtype)
-        y32, z32, u32 = y.astype(c), z0.astype(c), u.astype(c)
-        out = ck * (z32 - y32) + (1 - b1 * (1 - ck)) * u32
-        return out.astype(u.dtype), (z32 + u32).astype(z0.dtype)
+        y32, z32, u32 = (_tree.cast(x, c) for x in (y, z0, u))
+        out = add(mul(ck, sub(z32, y32)), mul(keep, u32))
+        return _tree.cast(out, u.dtype), _tree.cast(add(z32, u32), z0.dtype)
 
     out, z = _tree.tree_map_unzip("schedule_free", leaf, 2, params, state.z, steps,
                                   names=("params", "state.z", "updates"))

@@ -321,17 +321,18 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
     # The roots of the old and of the new v, each in one call for the tree (safe_sqrt traces a sub-program per call).
     old_roots = safe_sqrt([v.astype(c) for (_, _, v, _, _), c in zip(leaves, computes)])
     for (g, m, v, s, p), c, old_root in zip(leaves, computes, old_roots):
-        g32, v32, s32 = g.astype(c), v.astype(c), s.astype(c)
-        dots.append(jnp.sum(g32 * _div_positive(s32, old_root + eps, eps)))  # <g, s>, weighted by the old v
-        m32 = b1 * m.astype(c) + (1 - b1) * dlr * g32
-        v32 = b2 * v32 + (1 - b2) * g32 * g32
-        s32 = sb2 * s32 + (1 - sb2) * dlr * g32
-        l1.append(jnp.sum(jnp.abs(s32)))
+        g32, v32, s32 = (_tree.cast(x, c) for x in (g, v, s))
+        dots.append(jnp.sum(mul(g32, _div_positive(s32, add(old_root, eps), eps))))  # <g, s>, weighted by old v
+        m32 = add(mul(b1, _tree.cast(m, c)), mul(mul(1 - b1, dlr), g32))
+        v32 = add(mul(b2, v32), mul(mul(1 - b2, g32), g32))
+        s32 = add(mul(sb2, s32), mul(mul(1 - sb2, dlr), g32))
+        l1.append(jnp.sum(absolute(s32)))
         news.append((m32, v32, s32))
     for (g, m, v, s, p), c, (m32, v32, s32), root, decays in zip(
             leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params)):
-        outs.append((_div_positive(m32, root + eps, eps) + (decay * dlr * p.astype(c) if decays else 0))
-                    .astype(g.dtype))
+        step = _div_positive(m32, add(root, eps), eps)
+        outs.append(_tree.cast(add(step, mul(mul(decay, dlr), _tree.cast(p, c))) if decays else add(step, 0.0),
+                               g.dtype))
         mus.append(m32.astype(m.dtype))
         nus.append(v32.astype(v.dtype))
         sums.append(s32.astype(s.dtype))
