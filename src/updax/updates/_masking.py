@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
