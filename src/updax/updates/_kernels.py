@@ -150,6 +150,14 @@ def clip(x: Any, low: Any, high: Any) -> Any:
     return minimum(maximum(x, low), high)
 
 
+def _on_a_mesh(x: Any) -> bool:
+    """Whether ``x`` is an array typed with a sharding over a mesh (JAX's explicit sharding)."""
+    if not hasattr(x, "dtype"):
+        return False
+    mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    return mesh is not None and not mesh.empty
+
+
 def where(cond: Any, x: Any, y: Any) -> Any:
     """``jnp.where(cond, x, y)``.
 
@@ -158,8 +166,9 @@ def where(cond: Any, x: Any, y: Any) -> Any:
     shape of the others; jax.numpy's otherwise.
     """
     shapes = {jnp.shape(a) for a in (cond, x, y)} - {()}
-    if getattr(cond, "dtype", None) != jnp.bool_ or len(shapes) > 1 or not _lax_ready(x, y):
-        return jnp.where(cond, x, y)
+    if (getattr(cond, "dtype", None) != jnp.bool_ or len(shapes) > 1 or not _lax_ready(x, y)
+            or any(_on_a_mesh(a) for a in (cond, x, y))):
+        return jnp.where(cond, x, y)  # (on a mesh, jax.numpy's select reconciles the operands' shardings)
     shape = shapes.pop() if shapes else ()
     dtype = x.dtype if hasattr(x, "dtype") else y.dtype
     x, y = (a if jnp.shape(a) == shape and hasattr(a, "dtype") else jax.lax.full(shape, a, dtype) for a in (x, y))
