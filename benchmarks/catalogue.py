@@ -10,11 +10,16 @@ option to match the other.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
-import numpy as np
 import optax
 
 import updax as ux
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
 
 O, contrib = ux.optimizers, optax.contrib
 
@@ -80,27 +85,8 @@ LEFT_OUT = {
 LAGGED = {"rprop"}
 
 
-def same_numbers(name, params, steps=3):
-    """The largest difference between the two sides' params after ``steps`` jitted steps, relative to the
-    largest change optax made to that leaf (``run.check_equal``'s measure)."""
-    results = []
-    for make in CATALOGUE[name]:
-        opt = make()
-        state = opt.init(params)
-        step = jax.jit(lambda p, s, g, opt=opt: _apply(opt, p, s, g))
-        p = params
-        for t in range(steps):
-            g = jax.tree.map(lambda x, t=t: np.cos(np.arange(x.size, dtype=np.float32) * (t + 1.3))
-                             .reshape(x.shape) * 1e-2, params)
-            p, state = step(p, state, g)
-        results.append(p)
-    worst = 0.0
-    for a, b, p in zip(*(jax.tree.leaves(r) for r in results), jax.tree.leaves(params)):
-        a, b, p = (np.asarray(x, np.float64) for x in (a, b, p))
-        worst = max(worst, float(np.max(np.abs(a - b)) / max(np.max(np.abs(b - p)), 1e-30)))
-    return worst
-
-
-def _apply(opt, params, state, grads):
-    updates, state = opt.update(grads, state, params)
-    return jax.tree.map(lambda p, u: p + u, params, updates), state
+def same_numbers(name, params):
+    """The largest difference between the two sides' params after 3 donated jitted steps, relative to the
+    largest change optax made to that leaf (``run.check_equal``)."""
+    steps = [(run.make_step(opt), opt.init(params)) for opt in (make() for make in CATALOGUE[name])]
+    return run.check_equal(steps, params)

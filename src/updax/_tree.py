@@ -51,6 +51,15 @@ def tree_map(call: str, fn, tree, *rest, names=None):
     return jax.tree.map(fn, tree, *rest)
 
 
+def side_by_side(call: str, trees, names):
+    """The leaves of ``trees`` side by side (``[(leaf of each tree), ...]``) and the first tree's structure;
+    a tree that does not match the first is named with ``call`` and its first differing path."""
+    for tree, name in zip(trees[1:], names[1:]):
+        check_same_structure(call, trees[0], tree, names[0], name)
+    treedef = jax.tree.structure(trees[0])
+    return treedef, list(zip(*(treedef.flatten_up_to(t) for t in trees))) if jax.tree.leaves(trees[0]) else []
+
+
 def tree_map_unzip(call: str, fn, n_out: int, tree, *rest, names=None):
     """Like :func:`tree_map` for a ``fn`` returning ``n_out`` values per leaf: ``n_out`` trees."""
     treedef = jax.tree.structure(tree)

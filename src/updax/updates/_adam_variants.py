@@ -21,8 +21,8 @@ from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._adam import ScaleByAdamState, _adam_like_init
-from updax.updates._kernels import (abs_sq, add, bias_corrections, clip, div, maximum, moment, mul, per_leaf_rooted,
-                                   where)
+from updax.updates._kernels import (abs_sq, add, bias_corrections, clip, div, maximum, moment, mul, number,
+                                   per_leaf_rooted, where)
 
 # --------------------------------------------------------------------------
 # States
@@ -66,7 +66,7 @@ def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=Non
 
     # On the first call the selects below discard the normalised update. Its divisor must not be 0 even so (0
     # times an infinite derivative is NaN): 1 on that call, unless eps is a positive number.
-    guarded = not (type(eps) is float and eps > 0)
+    guarded = not (number(eps) or 0) > 0
 
     def after(root, g, m, v):
         g2 = abs_sq(g)

@@ -20,7 +20,7 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, add, minimum, moment, mul, real_only, safe_sqrt, where
+from updax.updates._kernels import abs_sq, add, minimum, moment, mul, number, real_only, safe_sqrt, where
 
 # --------------------------------------------------------------------------
 # States
@@ -296,7 +296,7 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
     real_only(call, updates)
     _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
     # b2 = 1 sums the squares, b2 < 1 averages them (once per step, not per leaf, for a number)
-    gain = (1.0 if b2 == 1.0 else 1.0 - b2) if type(b2) is float else jnp.where(b2 == 1.0, 1.0, 1.0 - b2)
+    gain = (1.0 if b2 == 1 else 1.0 - b2) if number(b2) is not None else jnp.where(b2 == 1.0, 1.0, 1.0 - b2)
 
     def leaf(g, covers, m0):
         c = _tree.compute_dtype(g.dtype, m0.dtype, *(a.dtype for a in covers))
@@ -306,7 +306,7 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
         else:
             previous = functools.reduce(minimum, [_tree.cast(a, c).reshape(_along(g.ndim, i))
                                                   for i, a in enumerate(covers)])
-        s = add(mul(mul(gain if type(gain) is float else gain.astype(c), g32), g32), mul(b2, previous))
+        s = add(mul(mul(gain if number(gain) is not None else gain.astype(c), g32), g32), mul(b2, previous))
         m = moment(b1, _tree.cast(m0, c), mul(g32, where(s > 0, jax.lax.rsqrt(add(s, eps)), 0.0)))
         if g.ndim < 2:
             new = (s,)

@@ -58,11 +58,7 @@ def per_leaf_rooted(call: str, before: Callable[..., tuple], after: Callable[...
     call on a tree of 384 leaves), the largest single item of an Adam-like
     leaf's tracing.
     """
-    trees, names = tuple(trees), tuple(names)
-    for other, name in zip(trees[1:], names[1:]):
-        _tree.check_same_structure(call, trees[0], other, names[0], name)
-    treedef = jax.tree.structure(trees[0])
-    columns = list(zip(*(treedef.flatten_up_to(tree) for tree in trees)))
+    treedef, columns = _tree.side_by_side(call, tuple(trees), tuple(names))
     firsts = []
     for xs in columns:
         c = _tree.compute_dtype(*(x.dtype for x in xs))
@@ -103,6 +99,13 @@ def real_only(call: str, tree: Any, name: str = "updates") -> None:
 # where the operands' dtypes already agree (arrays of one dtype, or a Python float with an array of the
 # default float dtype) and their shapes need no broadcasting but a 0-d operand's, which gives the same numbers
 # as jax.numpy's promotion, and jax.numpy otherwise (tests/test_tracing.py checks both against jax.numpy's).
+
+
+def number(x: Any) -> float | None:
+    """``x`` when it is a Python number (an option given as one), None when it is an array or a traced value (an
+    option under ``jax.jit`` or a schedule's): what a kernel can decide while it is traced, such as dropping a
+    guard that only a zero ``eps`` needs."""
+    return x if type(x) in (int, float) else None
 
 
 def _lax_ready(a: Any, b: Any) -> bool:

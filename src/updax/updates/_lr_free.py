@@ -32,6 +32,7 @@ from updax.updates._kernels import (
     filled,
     maximum,
     mul,
+    number,
     real_only,
     safe_sqrt,
     scaled,
@@ -123,15 +124,6 @@ def _scalar_dtype(tree):
     return jnp.finfo(_tree.compute_dtype(*(jnp.result_type(x) for x in jax.tree.leaves(tree)))).dtype
 
 
-def _leaves(call, trees, names):
-    """The leaves of ``trees`` side by side (``[(leaf of each tree), ...]``) and the first tree's structure;
-    a tree that does not match the first is named with its first differing path."""
-    for tree, name in zip(trees[1:], names[1:]):
-        _tree.check_same_structure(call, trees[0], tree, names[0], name)
-    treedef = jax.tree.structure(trees[0])
-    return treedef, list(zip(*(treedef.flatten_up_to(t) for t in trees))) if jax.tree.leaves(trees[0]) else []
-
-
 def _total(values, dtype):
     """The sum of some scalars, in ``dtype``."""
     return sum((v.astype(dtype) for v in values), jnp.zeros([], dtype))
@@ -151,7 +143,7 @@ def _div(a, b):
 def _div_positive(a, b, eps):
     """``_div(a, b)`` for ``b = root + eps`` with ``root >= 0``: a plain division when ``eps`` is a positive
     number (``b`` is never 0 then), which saves a comparison and two selects per element."""
-    return div(a, b) if type(eps) is float and eps > 0 else _div(a, b)
+    return div(a, b) if (number(eps) or 0) > 0 else _div(a, b)
 
 
 def _copy(call, params):
@@ -161,7 +153,7 @@ def _copy(call, params):
 
 def _distance_sq(call, params, init_params, dtype):
     """``‖params - init_params‖²``, in ``dtype``."""
-    _, leaves = _leaves(call, (params, init_params), ("params", "state.init_params"))
+    _, leaves = _tree.side_by_side(call, (params, init_params), ("params", "state.init_params"))
     return _total([jnp.sum(abs_sq(p.astype(x0.dtype) - x0)) for p, x0 in leaves], dtype)
 
 
@@ -194,8 +186,9 @@ def _apply_scale_by_prodigy(updates, state, params, *, learning_rate, b1, b2, b3
     d = state.estim_lr
     dlr = d * learning_rate * jnp.sqrt(c2) / c1  # d·γ with Adam's bias correction folded in
     weight = (d / estim_lr0) * (d if safeguard_warmup else dlr)
-    treedef, leaves = _leaves(call, (updates, state.mu, state.nu, state.grad_sum, state.init_params, params),
-                              ("updates", "state.mu", "state.nu", "state.grad_sum", "state.init_params", "params"))
+    treedef, leaves = _tree.side_by_side(
+        call, (updates, state.mu, state.nu, state.grad_sum, state.init_params, params),
+        ("updates", "state.mu", "state.nu", "state.grad_sum", "state.init_params", "params"))
     mus, nus, sums, dots, l1 = [], [], [], [], []
     for g, m, v, s, x0, p in leaves:
         c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, s.dtype, x0.dtype, p.dtype)
@@ -314,8 +307,8 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
     sb2 = jnp.sqrt(b2)
     d = state.estim_lr
     dlr = d * learning_rate * jnp.sqrt(c2) / c1
-    treedef, leaves = _leaves(call, (updates, state.mu, state.nu, state.grad_sum, params),
-                              ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
+    treedef, leaves = _tree.side_by_side(call, (updates, state.mu, state.nu, state.grad_sum, params),
+                                         ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
     outs, mus, nus, sums, dots, l1, news = [], [], [], [], [], [], []
     computes = [_tree.compute_dtype(*(x.dtype for x in leaf)) for leaf in leaves]
     # The roots of the old and of the new v, each in one call for the tree (safe_sqrt traces a sub-program per call).
@@ -563,10 +556,11 @@ def _init_scale_by_cocob(params, *, eps):
 def _apply_scale_by_cocob(updates, state, params, *, alpha):
     call = "scale_by_cocob"
     real_only(call, updates)
-    treedef, leaves = _leaves(call, (updates, state.sum_grads, state.max_abs_grad, state.sum_abs_grads, state.reward,
-                                     params, state.init_params),
-                              ("updates", "state.sum_grads", "state.max_abs_grad", "state.sum_abs_grads",
-                               "state.reward", "params", "state.init_params"))
+    treedef, leaves = _tree.side_by_side(
+        call, (updates, state.sum_grads, state.max_abs_grad, state.sum_abs_grads, state.reward, params,
+               state.init_params),
+        ("updates", "state.sum_grads", "state.max_abs_grad", "state.sum_abs_grads", "state.reward", "params",
+         "state.init_params"))
     new = []
     for g, theta, big_l, big_g, reward, p, x0 in leaves:
         c = _tree.compute_dtype(*(x.dtype for x in (g, theta, big_l, big_g, reward, p, x0)))
@@ -711,8 +705,8 @@ def _apply_mechanize(updates, state, params, *, inner, decay, eps, s_init, num_b
     steps, inner_state = inner.update(updates, state.inner, params, **extra)
     dtype = state.s.dtype
     first = state.count == 0  # the params of the first step are the origin (not init's: they may be replaced)
-    treedef, leaves = _leaves(call, (updates, steps, params, state.init_params),
-                              ("updates", "updates of the wrapped pipeline", "params", "state.init_params"))
+    treedef, leaves = _tree.side_by_side(call, (updates, steps, params, state.init_params),
+                                         ("updates", "updates of the wrapped pipeline", "params", "state.init_params"))
     s_sum = jnp.sum(state.s)
     grad_norm = safe_sqrt(_sq_norm(updates, dtype))
     param_norm = safe_sqrt(_sq_norm(params, dtype))

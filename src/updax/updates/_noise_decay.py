@@ -16,12 +16,12 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import add, mul
+from updax.updates._kernels import add, mul, number
 from updax.updates._masking import leafwise
 
 
 def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
-    none = type(decay) in (int, float) and decay == 0  # (a number, not a traced or scheduled value)
+    none = number(decay) == 0  # (a number, not a traced or scheduled value)
 
     def leaf(g, p):
         if none:
