@@ -204,8 +204,13 @@ def _apply_scale_by_prodigy(updates, state, params, *, learning_rate, b1, b2, b3
     estim_lr = jnp.where(denominator > 0, jnp.maximum(d, estim_lr_coef * _div(numerator, denominator)), d)
     decays = leaf_mask(call, mask, params)
     roots = safe_sqrt(nus)  # (one call for the tree: safe_sqrt traces a sub-program per call)
-    out = [(dlr * (_div(m, root + estim_lr * eps) + (decay * p.astype(m.dtype) if decays else 0))
-            ).astype(g.dtype) for (g, *_, p), m, root, decays in zip(leaves, mus, roots, decays)]
+    no_decay = number(decay) == 0  # (a decay of the number 0 adds no term)
+    out = []
+    for (g, *_, p), m, root, decays in zip(leaves, mus, roots, decays):
+        step = _div(m, root + estim_lr * eps)
+        if not no_decay:
+            step = step + (decay * p.astype(m.dtype) if decays else 0)
+        out.append((dlr * step).astype(g.dtype))
     stored = [[x.astype(leaf[i].dtype) for x, leaf in zip(xs, leaves)] for i, xs in ((1, mus), (2, nus), (3, sums))]
     mu, nu, grad_sum = (treedef.unflatten(xs) for xs in stored)
     return treedef.unflatten(out), ScaleByProdigyState(
@@ -249,7 +254,8 @@ def scale_by_prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule
         estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
             Default: ``1e-06``.
         estim_lr_coef: multiplies each new estimate, >= 0. Default: ``1.0``.
-        decay: decoupled weight decay (scaled by ``λ``), >= 0. Default: ``0.0``.
+        decay: decoupled weight decay (scaled by ``λ``), >= 0; the number 0
+            adds no term to the step. Default: ``0.0``.
         safeguard_warmup: leave ``γ`` out of ``s``, for schedules that warm
             up from 0. Default: ``False``.
         mask: which leaves decay: a pytree of bools shaped like the params
@@ -321,11 +327,13 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
         s32 = add(mul(sb2, s32), mul(mul(1 - sb2, dlr), g32))
         l1.append(jnp.sum(absolute(s32)))
         news.append((m32, v32, s32))
+    no_decay = number(decay) == 0  # (a decay of the number 0 adds no term: no pass over the params)
     for (g, m, v, s, p), c, (m32, v32, s32), root, decays in zip(
             leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params)):
         step = _div_positive(m32, add(root, eps), eps)
-        outs.append(_tree.cast(add(step, mul(mul(decay, dlr), _tree.cast(p, c))) if decays else add(step, 0.0),
-                               g.dtype))
+        if not no_decay:
+            step = add(step, mul(mul(decay, dlr), _tree.cast(p, c))) if decays else add(step, 0.0)
+        outs.append(_tree.cast(step, g.dtype))
         mus.append(m32.astype(m.dtype))
         nus.append(v32.astype(v.dtype))
         sums.append(s32.astype(s.dtype))
@@ -370,7 +378,8 @@ def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSch
         eps: added to the denominator, >= 0. Default: ``1e-08``.
         estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
             Default: ``1e-06``.
-        decay: decoupled weight decay (scaled by ``λ``), >= 0. Default: ``0.0``.
+        decay: decoupled weight decay (scaled by ``λ``), >= 0; the number 0
+            adds no term, and the params are then not read. Default: ``0.0``.
         mask: which leaves decay: a pytree of bools shaped like the params
             (or a prefix of it), or a function of the params returning one;
             None decays every leaf. Default: ``None``.
