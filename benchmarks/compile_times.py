@@ -15,7 +15,8 @@ each round compiles, for each recipe, updax's step, optax's and updax's
 again (the order rotating from round to round, caches cleared before each,
 as ``run.py`` does). Per case it reports the median compile time of each
 side, the median over rounds of updax/optax, and the same for updax against
-its own second compile (A/A: the same program, so only noise). A case is
+its own second compile (A/A: the same program, so only noise), and each
+side's kernels (XLA's fusions, and the full-size copies). A case is
 *above* optax when the lower quartile of its round ratios is above 1 and
 above the upper quartile of its A/A ratios, *below* in the mirror case, and
 *level* otherwise. Results go to ``benchmarks/results/compile_times.json``
@@ -63,22 +64,33 @@ def case(workload, params, recipe, rounds, recipes=run.RECIPES):
     """One workload and recipe (of ``recipes``: name -> (updax's, optax's)): ``rounds`` rounds of three
     compiles."""
     grads = run.grads_like(params, 0)
-    seconds = [[], [], []]
+    seconds, kernels = [[], [], []], [None, None, None]
     for r in range(rounds):
         for i in ORDERS[r % 3]:
             opt = recipes[recipe][1 if i == 1 else 0]()
-            seconds[i].append(run.compile_step(opt, params, grads)[1])
+            compiled, took = run.compile_step(opt, params, grads)[:2]
+            seconds[i].append(took)
+            kernels[i] = kernels[i] or run.kernels(compiled)  # (after the timing; one program a side)
     ratios = [u / o for u, o in zip(seconds[0], seconds[1])]
     aa = [u / again for u, again in zip(seconds[0], seconds[2])]
     row = {"workload": workload, "recipe": recipe, "rounds": rounds,
            "updax_s": statistics.median(seconds[0]), "optax_s": statistics.median(seconds[1]),
            "ratio_quartiles": quartiles(ratios), "aa_quartiles": quartiles(aa), "verdict": verdict(ratios, aa),
-           "updax_compiles_s": seconds[0], "optax_compiles_s": seconds[1], "updax_again_s": seconds[2]}
+           "updax_compiles_s": seconds[0], "optax_compiles_s": seconds[1], "updax_again_s": seconds[2],
+           "updax_kernels": kernels[0], "optax_kernels": kernels[1]}
     q, a = row["ratio_quartiles"], row["aa_quartiles"]
     print(f"{workload:3s} {recipe:18s} updax {row['updax_s']:7.2f} s  optax {row['optax_s']:7.2f} s  "
+          f"{kernels_cell(row, 'updax')} / {kernels_cell(row, 'optax')}  "
           f"ratio {q[1]:.2f}x [{q[0]:.2f}, {q[2]:.2f}]  A/A {a[1]:.2f}x [{a[0]:.2f}, {a[2]:.2f}]  {row['verdict']}",
           flush=True)
     return row
+
+
+def kernels_cell(row, side):
+    """A side's kernels as a cell: fusions, and the full-size copies when there are any (rows of results
+    recorded before the count have none)."""
+    k = row.get(f"{side}_kernels")
+    return "-" if k is None else f"{k['fusions']} kernels" + (f", {k['copies']} copies" if k["copies"] else "")
 
 
 def verdict_table(rows, what, times):
@@ -101,7 +113,8 @@ def markdown(result):
     lines = [f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
              f"compile time (trace, lower, XLA compile) of the donated step, {result['rounds']} rounds; "
              "ratios: median [lower quartile, upper quartile] over rounds.", ""]
-    lines += verdict_table(result["rows"], "compile", lambda r: (f"{r['updax_s']:.2f} s", f"{r['optax_s']:.2f} s"))
+    lines += verdict_table(result["rows"], "compile", lambda r: (f"{r['updax_s']:.2f} s ({kernels_cell(r, 'updax')})",
+                                                                  f"{r['optax_s']:.2f} s ({kernels_cell(r, 'optax')})"))
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -180,6 +181,15 @@ def compile_step(opt, params, grads):
             for k in ("argument", "output", "alias", "temp")}
     peak = size["argument"] + size["output"] - size["alias"] + size["temp"]
     return compiled, seconds, nbytes(state), size["temp"], peak
+
+
+def kernels(compiled):
+    """The compiled program's top-level kernels: ``{"fusions": n, "copies": m}`` (copies of arrays of two or
+    more elements: the full-size ones a donated step makes when it cannot write in place)."""
+    entry = compiled.as_text()
+    entry = entry[entry.index("ENTRY"):]
+    copies = [s for s in re.findall(r"= \w+\[([\d,]*)\]\S* copy\(", entry) if s and s != "1"]
+    return {"fusions": len(re.findall(r" fusion\(", entry)), "copies": len(copies)}
 
 
 class Bandwidth:

@@ -6,6 +6,7 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/step_times.py                       # T, S, B and train, 7 rounds: about 50 minutes on 2 cores
     python benchmarks/step_times.py --workloads S --recipes sgd+momentum,adam --rounds 11
     python benchmarks/step_times.py --quick               # small workloads, 3 rounds: a smoke run
+    python benchmarks/step_times.py --catalogue           # every optimizer on T, 7 rounds: about 25 minutes
 
 ``run.py`` gives one step-time ratio per case, the median of 15 interleaved
 calls, beside one A/A ratio (updax's step against itself); on this machine
@@ -20,6 +21,10 @@ every permutation), on fresh copies of the params and state, and gives one ratio
 above the upper quartile of its A/A ratios, *below* in the mirror case, and
 *level* otherwise (``compile_times.py``'s rule). Results go to
 ``benchmarks/results/step_times.json`` and ``step_times.md``.
+
+``--catalogue`` takes the recipes from ``catalogue.py`` instead: every
+optimizer of ``updax.optimizers`` beside optax's with the same rule, by
+default on T (results: ``step_times_catalogue.*``).
 """
 
 from __future__ import annotations
@@ -30,15 +35,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import catalogue  # noqa: E402  (every optimizer beside optax's)
 import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
-from compile_times import check_choices, quartiles, verdict, verdict_table  # noqa: E402  (the same rule)
+from compile_times import check_choices, kernels_cell, quartiles, verdict, verdict_table  # noqa: E402  (the same rule)
 
 WORKLOADS = ("T", "S", "B", "train")
 
 
-def compiled_steps(workload, data, recipe, quick):
-    """Both libraries' compiled steps with their initial states, the params and the grads they are timed on."""
-    opts = [run.RECIPES[recipe][0](), run.RECIPES[recipe][1]()]
+def compiled_steps(workload, data, recipe, quick, recipes=run.RECIPES):
+    """Both libraries' compiled steps with their initial states, the params and the grads they are timed on
+    (``recipes``: name -> (updax's, optax's))."""
+    opts = [recipes[recipe][0](), recipes[recipe][1]()]
     if workload == "train":
         params, make = run.train_problem(quick)
         grads = None
@@ -51,9 +58,13 @@ def compiled_steps(workload, data, recipe, quick):
     return steps, params, grads
 
 
-def case(workload, data, recipe, rounds, repeats, quick):
+def _sides(row):
+    return tuple(f"{row[f'{side}_ms']:.2f} ms ({kernels_cell(row, side)})" for side in ("updax", "optax"))
+
+
+def case(workload, data, recipe, rounds, repeats, quick, recipes=run.RECIPES):
     """One workload and recipe: ``rounds`` rounds of ``repeats`` interleaved calls of each side."""
-    steps, params, grads = compiled_steps(workload, data, recipe, quick)
+    steps, params, grads = compiled_steps(workload, data, recipe, quick, recipes)
     seconds = [[], [], []]
     for _ in range(rounds):
         for side, t in zip(seconds, run.time_side_by_side(steps + steps[:1], params, grads, repeats)):
@@ -64,9 +75,11 @@ def case(workload, data, recipe, rounds, repeats, quick):
            "updax_ms": 1e3 * statistics.median(seconds[0]), "optax_ms": 1e3 * statistics.median(seconds[1]),
            "ratio_quartiles": quartiles(ratios), "aa_quartiles": quartiles(aa), "verdict": verdict(ratios, aa),
            "updax_round_ms": [1e3 * s for s in seconds[0]], "optax_round_ms": [1e3 * s for s in seconds[1]],
-           "updax_again_round_ms": [1e3 * s for s in seconds[2]]}
+           "updax_again_round_ms": [1e3 * s for s in seconds[2]],
+           "updax_kernels": run.kernels(steps[0][0]), "optax_kernels": run.kernels(steps[1][0])}
     q, a = row["ratio_quartiles"], row["aa_quartiles"]
     print(f"{workload:5s} {recipe:18s} updax {row['updax_ms']:8.2f} ms  optax {row['optax_ms']:8.2f} ms  "
+          f"{kernels_cell(row, 'updax')} / {kernels_cell(row, 'optax')}  "
           f"ratio {q[1]:.2f}x [{q[0]:.2f}, {q[2]:.2f}]  A/A {a[1]:.2f}x [{a[0]:.2f}, {a[2]:.2f}]  {row['verdict']}",
           flush=True)
     return row
@@ -77,31 +90,39 @@ def markdown(result):
              f"step time of the donated jitted step, {result['rounds']} rounds of {result['repeats']} interleaved "
              "calls a side; times: median over rounds of each round's median; ratios: median [lower quartile, "
              "upper quartile] over rounds.", ""]
-    lines += verdict_table(result["rows"], "step", lambda r: (f"{r['updax_ms']:.2f} ms", f"{r['optax_ms']:.2f} ms"))
+    lines += verdict_table(result["rows"], "step", _sides)
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small workloads, 3 rounds of 3 calls (a smoke run)")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="of T, S, B, train (S: 20-170 s a compile)")
-    parser.add_argument("--recipes", default=",".join(run.RECIPES))
+    parser.add_argument("--catalogue", action="store_true",
+                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes")
+    parser.add_argument("--workloads", default=None, help="of T, S, B, train (S: 20-170 s a compile); default all "
+                                                          "(with --catalogue: T; train takes run.py's recipes only)")
+    parser.add_argument("--recipes", default=None, help="default: all of them")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None, help="timed calls a side per round")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    check_choices(parser, args, WORKLOADS)
+    table = catalogue.CATALOGUE if args.catalogue else run.RECIPES
+    args.workloads = args.workloads or ("T" if args.catalogue else ",".join(WORKLOADS))
+    args.recipes = args.recipes or ",".join(table)
+    check_choices(parser, args, WORKLOADS[:3] if args.catalogue else WORKLOADS, table)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 7)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 15)
     data = run.workloads(args.quick)
     recipes = args.recipes.split(",")
-    run.warm_up(recipes)
-    rows = [case(name, data, recipe, rounds, repeats, args.quick)
+    run.warm_up(recipes, table)
+    rows = [case(name, data, recipe, rounds, repeats, args.quick, table)
             for name in WORKLOADS if name in args.workloads.split(",") for recipe in recipes]
-    result = {**run.environment(), "quick": args.quick, "rounds": rounds, "repeats": repeats, "rows": rows}
-    run.write_results(args.out, "step_times", result, markdown(result))
+    result = {**run.environment(), "quick": args.quick, "catalogue": args.catalogue, "rounds": rounds,
+              "repeats": repeats, "rows": rows}
+    run.write_results(args.out, "step_times_catalogue" if args.catalogue else "step_times", result,
+                      markdown(result))
     return result
 
 

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -201,6 +202,10 @@ def test_the_catalogue_benchmark_pairs_every_optimizer_with_optax_s_same_rule(tm
     (row,) = bench.main(["--catalogue", "--quick", "--recipes", "adopt", "--rounds", "1", "--out", str(tmp_path)])[
         "rows"]
     assert (row["workload"], row["recipe"], row["rounds"]) == ("T", "adopt", 1), row
+    # ADOPT writes its state in place (tests/test_in_place.py); optax's step copies it, one copy per leaf.
+    leaves = len(jax.tree.leaves(bench.run.workloads(True)["T"]))
+    assert row["updax_kernels"]["copies"] == 0 and row["optax_kernels"]["copies"] == leaves, row
+    assert row["updax_kernels"]["fusions"] >= leaves, row
     assert "| T | adopt |" in (tmp_path / "compile_times_catalogue-quick.md").read_text()
 
 
@@ -231,6 +236,15 @@ def test_the_step_time_benchmark_runs_in_rounds_and_judges_with_the_compile_time
         assert row["verdict"] == bench.verdict(ratios, aa), row
     text = (tmp_path / "step_times-quick.md").read_text()
     assert "| train | sgd+momentum |" in text and "of 2." in text
+    # --catalogue: the pairs of catalogue.py, on T by default; train (run.py's own problem) is refused with it.
+    for bad in (["--workloads", "train"], ["--recipes", "adam+momentum"]):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(["--catalogue", *bad, "--out", str(tmp_path)])
+        assert exit_info.value.code == 2, bad
+    (row,) = bench.main(["--catalogue", "--quick", "--recipes", "dowg", "--rounds", "1", "--repeats", "1",
+                         "--out", str(tmp_path)])["rows"]
+    assert (row["workload"], row["recipe"], len(row["optax_round_ms"])) == ("T", "dowg", 1), row
+    assert "| T | dowg |" in (tmp_path / "step_times_catalogue-quick.md").read_text()
 
 
 #: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
