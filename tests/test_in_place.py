@@ -44,7 +44,8 @@ DECLARING = sorted(name for name in ux.optimizers.__all__
 
 #: optax's optimizer for each: the same rule, which copies the state.
 OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "lion": optax.lion, "optimistic_adam": optax.optimistic_adam_v2,
-         "optimistic_gradient_descent": optax.optimistic_gradient_descent, "adopt": optax.contrib.adopt}
+         "optimistic_gradient_descent": optax.optimistic_gradient_descent, "adopt": optax.contrib.adopt,
+         "dadapt_adamw": optax.contrib.dadapt_adamw}
 
 
 def step_fn(opt, apply=ux.apply_updates):
@@ -76,6 +77,12 @@ def _unordered(stages, old, new, params, updates):
     return new
 
 
+def switch_order_off(patch):
+    """Switches the order off (``patch``: pytest's monkeypatch): after the params' update and after a reduction."""
+    patch.setattr(_in_place, "after_params", _unordered)
+    patch.setattr(_in_place, "after_reading", lambda token, old, new: new)
+
+
 def test_the_declaring_optimizers_are_the_ones_optax_copies_for():
     assert DECLARING == sorted(OPTAX)
     for name in DECLARING:
@@ -89,14 +96,14 @@ def test_the_state_is_updated_in_place(name, apply, monkeypatch):
     opt = getattr(ux.optimizers, name)(1e-3)
     assert copies(opt, params(), apply) == []
     ordered = temporaries(opt, params(), apply)
-    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    switch_order_off(monkeypatch)
     assert ordered < temporaries(opt, params(), apply)  # (the copies were temporary buffers)
 
 
 @pytest.mark.parametrize("name", DECLARING)
 def test_without_the_order_xla_copies_the_state(name, monkeypatch):
     """The counter-case: with the ordering switched off, the same step copies state, as optax's does."""
-    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    switch_order_off(monkeypatch)
     assert copies(getattr(ux.optimizers, name)(1e-3), params())
 
 
@@ -113,7 +120,7 @@ def test_the_numbers_are_the_same_bit_for_bit(name, dtype, monkeypatch):
 
     assert copies(getattr(ux.optimizers, name)(1e-2), params(dtype)) == []  # (narrow params too)
     ordered = run()
-    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    switch_order_off(monkeypatch)
     plain = run()
     for a, b in zip(jax.tree.leaves(ordered), jax.tree.leaves(plain)):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
@@ -135,7 +142,7 @@ def test_the_same_stage_inside_a_wrapper_or_optax_chain_keeps_xla_order(monkeypa
     wrapped = bare.apply_if_finite()
     chained = optax.chain(ux.to_optax(bare), optax.scale(0.5))
     ordered = [lowered(bare, params()), lowered(wrapped, params()), lowered(chained, params(), optax.apply_updates)]
-    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    switch_order_off(monkeypatch)
     unordered = [lowered(bare, params()), lowered(wrapped, params()), lowered(chained, params(), optax.apply_updates)]
     assert ordered[0] != unordered[0]
     assert ordered[1:] == unordered[1:]
@@ -209,7 +216,7 @@ def test_a_user_stage_is_ordered_and_a_wrong_field_is_named(monkeypatch):
     opt = ux.stateful(_pair_init, _pair_apply, name="pair_previous", state_last=("a",)).scale(-0.1)
     assert copies(opt, p) == []
     with monkeypatch.context() as patched:
-        patched.setattr(_in_place, "after_params", _unordered)
+        switch_order_off(patched)
         # The counter-case, unordered: the old gradient is copied before the new one is copied into its buffer.
         assert sorted(copies(opt, p)) == sorted(["64,128", "32,16", "128"] * 2)
     missing = ux.stateful(_pair_init, _pair_apply, name="pair_missing", state_last=("b",))

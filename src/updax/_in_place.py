@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._stage import ScheduledState, Stage
 
-__all__ = ["after_params"]
+__all__ = ["after_params", "after_reading"]
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
@@ -118,3 +118,20 @@ def _after(old: jax.Array, new: jax.Array, param: jax.Array,
     q, never = summed
     never_taken = _tree.place_like(q, new) if q.dtype == new.dtype else jax.lax.neg(new)
     return jax.lax.select(_tree.place_like(never, new), never_taken, new)
+
+
+def after_reading(token: jax.Array, old: jax.Array, new: jax.Array) -> jax.Array:
+    """``new``, the new value of a state leaf whose *old* value a reduction read, written after that reduction
+    (``token``, a scalar computed from it): ``select(token < token, old, new)``.
+
+    The same copy as :func:`after_params` avoids, for a reader that is not the params' kernel: D-Adaptation
+    weighs ``<g, s>`` by the old second moment, a reduction over the old ``s`` and ``v`` whose result the step's
+    updates do not use, and XLA copies both fields on every step rather than running it before the kernels
+    that write them in place. Reading the scalar orders the writer after it; the branch never taken is the old
+    value, which the writer reads anyway (no operation, and placed like the new value). Traced for the CPU
+    only (see the module); elsewhere, and for a leaf that changes dtype or shape, ``new`` as it is.
+    """
+    if (not _tree.traced_for_cpu(new) or jnp.shape(token) != () or old.dtype != new.dtype
+            or old.shape != new.shape):
+        return new
+    return jax.lax.select(jax.lax.lt(token, token), old, new)

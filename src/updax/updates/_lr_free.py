@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _in_place, _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful, stateless
@@ -328,15 +328,18 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
         l1.append(jnp.sum(absolute(s32)))
         news.append((m32, v32, s32))
     no_decay = number(decay) == 0  # (a decay of the number 0 adds no term: no pass over the params)
-    for (g, m, v, s, p), c, (m32, v32, s32), root, decays in zip(
-            leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params)):
+    for (g, m, v, s, p), c, (m32, v32, s32), root, decays, dot, s_l1 in zip(
+            leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params), dots, l1):
         step = _div_positive(m32, add(root, eps), eps)
         if not no_decay:
             step = add(step, mul(mul(decay, dlr), _tree.cast(p, c))) if decays else add(step, 0.0)
         outs.append(_tree.cast(step, g.dtype))
         mus.append(m32.astype(m.dtype))
-        nus.append(v32.astype(v.dtype))
-        sums.append(s32.astype(s.dtype))
+        # Written in place after what reads their old values (XLA would copy both fields on every step): v
+        # after the dot and, declared state_last, after the params' kernel (which recomputes the new v from the
+        # old); s after the dot and the sum of |s| (which recomputes the new s from the old).
+        nus.append(_in_place.after_reading(dot, v, v32.astype(v.dtype)))
+        sums.append(_in_place.after_reading(add(dot, s_l1), s, s32.astype(s.dtype)))
     dtype = d.dtype
     numerator = sb2 * state.numerator + (1 - sb2) * dlr * _total(dots, dtype)
     denominator = (1 - sb2) * _total(l1, dtype)
@@ -408,7 +411,7 @@ def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSch
                "estim_lr0": check.number(call, "estim_lr0", estim_lr0, 0.0, lo_open=True),
                "decay": check.nonnegative(call, "decay", decay), "mask": check.mask(call, "mask", mask)}
     return stateful(_init_scale_by_dadapt_adamw, _apply_scale_by_dadapt_adamw, name=call, options=options,
-                    needs_params=True, schedulable=("learning_rate", "b1", "b2", "eps", "decay"))
+                    needs_params=True, schedulable=("learning_rate", "b1", "b2", "eps", "decay"), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
