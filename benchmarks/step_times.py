@@ -6,7 +6,7 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/step_times.py                       # T, S, B and train, 7 rounds: about 50 minutes on 2 cores
     python benchmarks/step_times.py --workloads S --recipes sgd+momentum,adam --rounds 11
     python benchmarks/step_times.py --quick               # small workloads, 3 rounds: a smoke run
-    python benchmarks/step_times.py --catalogue           # every optimizer on T, 7 rounds: about 25 minutes
+    python benchmarks/step_times.py --catalogue           # every optimizer on T, 7 rounds: over 90 minutes
 
 ``run.py`` gives one step-time ratio per case, the median of 15 interleaved
 calls, beside one A/A ratio (updax's step against itself); on this machine

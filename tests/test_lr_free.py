@@ -230,8 +230,8 @@ def test_the_decay_mask_keeps_leaves_out_of_the_decay(make):
 @pytest.mark.parametrize("make", [O.prodigy, O.dadapt_adamw], ids=["prodigy", "dadapt_adamw"])
 def test_a_decay_of_the_number_zero_adds_no_term(make):
     """The default ``decay=0.0`` leaves the decay term out of the trace (a multiply and an add per leaf fewer
-    than a decay of 0 given traced, which computes ``+ 0·p``) and gives the same numbers; D-Adaptation reads
-    the params for the decay only, so an infinite param no longer makes its update NaN (``0·inf``)."""
+    than a decay of 0 given traced, which computes ``+ 0·p``) and gives the same numbers; D-Adaptation's
+    update reads the params for the decay only, so an infinite param no longer makes it NaN (``0·inf``)."""
     params, grads = nested_tree(seed=0), nested_tree(seed=1)
 
     def step(decay, g, p):

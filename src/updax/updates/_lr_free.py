@@ -327,7 +327,7 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
         s32 = add(mul(sb2, s32), mul(mul(1 - sb2, dlr), g32))
         l1.append(jnp.sum(absolute(s32)))
         news.append((m32, v32, s32))
-    no_decay = number(decay) == 0  # (a decay of the number 0 adds no term: no pass over the params)
+    no_decay = number(decay) == 0  # (a decay of the number 0 adds no term)
     for (g, m, v, s, p), c, (m32, v32, s32), root, decays, dot, s_l1 in zip(
             leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params), dots, l1):
         step = _div_positive(m32, add(root, eps), eps)
@@ -382,7 +382,8 @@ def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSch
         estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
             Default: ``1e-06``.
         decay: decoupled weight decay (scaled by ``λ``), >= 0; the number 0
-            adds no term, and the params are then not read. Default: ``0.0``.
+            adds no term (an infinite param then leaves the update finite).
+            Default: ``0.0``.
         mask: which leaves decay: a pytree of bools shaped like the params
             (or a prefix of it), or a function of the params returning one;
             None decays every leaf. Default: ``None``.
