@@ -131,7 +131,6 @@ def after_reading(token: jax.Array, old: jax.Array, new: jax.Array) -> jax.Array
     value, which the writer reads anyway (no operation, and placed like the new value). Traced for the CPU
     only (see the module); elsewhere, and for a leaf that changes dtype or shape, ``new`` as it is.
     """
-    if (not _tree.traced_for_cpu(new) or jnp.shape(token) != () or old.dtype != new.dtype
-            or old.shape != new.shape):
+    if not _tree.traced_for_cpu(new) or old.dtype != new.dtype or old.shape != new.shape:
         return new
     return jax.lax.select(jax.lax.lt(token, token), old, new)

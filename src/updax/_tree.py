@@ -57,7 +57,7 @@ def side_by_side(call: str, trees, names):
     for tree, name in zip(trees[1:], names[1:]):
         check_same_structure(call, trees[0], tree, names[0], name)
     treedef = jax.tree.structure(trees[0])
-    return treedef, list(zip(*(treedef.flatten_up_to(t) for t in trees))) if jax.tree.leaves(trees[0]) else []
+    return treedef, list(zip(*(treedef.flatten_up_to(t) for t in trees)))
 
 
 def tree_map_unzip(call: str, fn, n_out: int, tree, *rest, names=None):
