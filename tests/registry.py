@@ -44,6 +44,8 @@ ENTRIES = {
     "scale_by_belief": lambda: ux.scale_by_belief(b1=0.8, b2=0.95, eps=1e-8, eps_root=1e-16),
     "scale_by_radam": lambda: ux.scale_by_radam(b1=0.8, b2=0.9, eps=1e-8, eps_root=0.0, threshold=5.0),
     "scale_by_rms": lambda: ux.scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0),
+    "scale_by_rms_bias_corrected": lambda: ux.scale_by_rms(decay=0.9, eps=1e-8, initial_scale=0.0, eps_in_sqrt=False,
+                                                           bias_correction=True),
     "scale_by_rss": lambda: ux.scale_by_rss(initial_accumulator_value=0.1, eps=1e-7),
     "scale_by_stddev": lambda: ux.scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0),
     "scale_by_schedule": lambda: ux.scale_by_schedule(_halving),

@@ -369,6 +369,51 @@ def test_schedule_free_eval_params_match_optax():
     assert not np.allclose(jax.tree.leaves(e1)[0], jax.tree.leaves(p1)[0])
 
 
+def test_schedule_free_adamw_keeps_no_first_moment():
+    """Adam without momentum is RMSProp with Adam's bias correction and eps outside the root: the same numbers as
+    ``scale_by_adam(b1=0, eps_root=0)``, whose ``mu`` (= g) the optimizer does not keep. Its state holds as many
+    params-sized arrays as optax's: the base iterate z and the second moment."""
+    params = nested_tree(seed=0)
+    rms = ux.scale_by_rms(0.95, 1e-7, eps_in_sqrt=False, bias_correction=True)
+    adam = ux.scale_by_adam(b1=0.0, b2=0.95, eps=1e-7, eps_root=0.0)
+    s_rms, s_adam = rms.init(params), adam.init(params)
+    for t in range(5):
+        g = nested_tree(seed=t + 1)
+        u_rms, s_rms = jax.jit(rms.update)(g, s_rms)
+        u_adam, s_adam = jax.jit(adam.update)(g, s_adam)
+        for x, y in zip(jax.tree.leaves(u_rms), jax.tree.leaves(u_adam)):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=0)
+
+    def params_sized(state):
+        return sum(x.size for x in jax.tree.leaves(state) if x.ndim > 0)
+
+    n = params_sized(params)
+    opt = O.schedule_free_adamw(0.05, decay=0.01)
+    ref = optax.contrib.schedule_free_adamw(0.05, weight_decay=0.01)
+    assert params_sized(opt.init(params)) == params_sized(ref.init(params)) == 2 * n
+    assert opt.get_state(opt.init(params), "schedule_free/scale_by_rms.count") == 0
+
+
+def test_schedule_free_averages_the_stored_base_iterates():
+    """At a constant learning rate the averaging weights are equal, so the evaluated params are the mean of the
+    base iterates z_1..z_t (the paper's x_t). The params move with the step z took as stored: with z kept in
+    bfloat16 and the params in float32, the mean of the stored z's comes back to float32 rounding, where moving
+    the params by the unrounded step would leave bfloat16's rounding divided by b1 in it."""
+    b1 = 0.25
+    opt = ux.scale_by_learning_rate(0.1).schedule_free(0.1, b1=b1, state_dtype=jnp.bfloat16)
+    params = nested_tree(seed=0)
+    state = opt.init(params)
+    zs = []
+    for t in range(4):
+        u, state = jax.jit(opt.update)(nested_tree(seed=t + 1), state, params)
+        params = ux.apply_updates(params, u)
+        zs.append(jax.tree.map(lambda z: z.astype(jnp.float32), opt.get_state(state, "schedule_free.z")))
+    mean = jax.tree.map(lambda *z: sum(z) / len(z), *zs)
+    evaluated = ux.schedule_free_eval_params(opt, state, params)
+    for x, m in zip(jax.tree.leaves(evaluated), jax.tree.leaves(mean)):
+        np.testing.assert_allclose(x, m, rtol=2e-5, atol=2e-5)
+
+
 def test_schedule_free_warmup_rises_linearly_then_holds():
     opt = O.schedule_free_adamw(0.01, warmup_steps=4)
     params = {"w": jnp.zeros(2)}

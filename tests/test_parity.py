@@ -128,6 +128,13 @@ CASES = [
     ("scale_by_rms", lambda: ux.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1),
      lambda: optax.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1, eps_in_sqrt=True, bias_correction=False),
      fields("scale_by_rms", "nu"), None),
+    # optax's two options, alone and together (Adam without momentum), from a nonzero initial scale
+    *[(f"scale_by_rms_{label}", lambda kw=kw: ux.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1, **kw),
+       lambda kw=kw: optax.scale_by_rms(decay=0.8, eps=1e-6, initial_scale=0.1, **{"eps_in_sqrt": True,
+                                                                                  "bias_correction": False, **kw}),
+       fields("scale_by_rms", "nu", *(["count"] if kw.get("bias_correction") else [])), None)
+      for label, kw in [("eps_outside", dict(eps_in_sqrt=False)), ("bias_corrected", dict(bias_correction=True)),
+                        ("both", dict(eps_in_sqrt=False, bias_correction=True))]],
     ("scale_by_rss", lambda: ux.scale_by_rss(initial_accumulator_value=0.2, eps=1e-6),
      lambda: optax.scale_by_rss(initial_accumulator_value=0.2, eps=1e-6),
      fields("scale_by_rss", "sum_of_squares"), None),

@@ -481,6 +481,8 @@ class Update:
         initial_scale: ScalarOrSchedule = 0.0,
         *,
         nu_dtype: DType = None,
+        eps_in_sqrt: bool = True,
+        bias_correction: bool = False,
     ) -> Update:
         """Scales updates by the root of an EMA of their squares (RMSProp). See :func:`updax.scale_by_rms`."""
     def scale_by_rprop(

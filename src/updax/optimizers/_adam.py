@@ -17,6 +17,7 @@ from updax.updates import (
     scale_by_belief,
     scale_by_nadam,
     scale_by_radam,
+    scale_by_rms,
     scale_by_yogi,
 )
 
@@ -387,7 +388,8 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
                         state_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     """Schedule-free AdamW: AdamW without momentum, wrapped in schedule-free averaging.
 
-    Pipeline: ``scale_by_adam(b1=0.0, b2, eps, eps_root=0.0) |> add_decayed_weights(decay)
+    Pipeline: ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)
+    |> add_decayed_weights(decay)
     |> scale_by_learning_rate(lr) |> schedule_free(lr, b1, weight_lr_power)``; with
     ``warmup_steps`` the learning rate rises linearly from 0 over that many
     steps, then stays. Evaluate at ``ux.schedule_free_eval_params(opt, state, params)``.
@@ -430,6 +432,9 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
         check.positive_int(call, "warmup_steps", warmup_steps)
         peak = check.number(call, "learning_rate", learning_rate)
         learning_rate = schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)
-    inner = (scale_by_adam(b1=0.0, b2=b2, eps=eps, eps_root=0.0).add_decayed_weights(decay=decay, mask=mask)
+    # Adam without momentum, without Adam's first-moment state (which would hold g: a params-sized field read
+    # and written every step for nothing).
+    inner = (scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True)
+             .add_decayed_weights(decay=decay, mask=mask)
              .scale_by_learning_rate(learning_rate))
     return inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)

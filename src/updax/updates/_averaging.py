@@ -41,11 +41,15 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
 
     def leaf(y, z0, u):
         # y' - y with x = (y - (1 - b1)·z) / b1 substituted into y' = b1·x' + (1 - b1)·z': no division by b1,
-        # so a tiny b1 neither overflows nor magnifies the rounding of y.
+        # so a tiny b1 neither overflows nor magnifies the rounding of y. The step of z is taken as stored,
+        # z' - z (exact where z' is within a factor 2 of z): y then moves with the z the state holds, and u has
+        # one reader, z', so XLA computes the inner pipeline's step inside z's kernel rather than writing it out
+        # for both.
         c = _tree.compute_dtype(y.dtype, z0.dtype)
         y32, z32, u32 = (_tree.cast(x, c) for x in (y, z0, u))
-        out = add(mul(ck, sub(z32, y32)), mul(keep, u32))
-        return _tree.cast(out, u.dtype), _tree.cast(add(z32, u32), z0.dtype)
+        z = _tree.cast(add(z32, u32), z0.dtype)
+        out = add(mul(ck, sub(z32, y32)), mul(keep, sub(_tree.cast(z, c), z32)))
+        return _tree.cast(out, u.dtype), z
 
     out, z = _tree.tree_map_unzip("schedule_free", leaf, 2, params, state.z, steps,
                                   names=("params", "state.z", "updates"))
@@ -57,14 +61,19 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSc
                   weight_lr_power: ScalarOrSchedule = 2.0, *, state_dtype: DType = None) -> Update:
     """Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging.
 
-    The wrapped pipeline (without momentum, e.g. ``scale_by_adam(b1=0.0)
-    |> scale_by_learning_rate(lr)``) makes the step of the base iterate
+    The wrapped pipeline (without momentum, e.g. ``scale_by_rms(b2,
+    eps_in_sqrt=False, bias_correction=True) |> scale_by_learning_rate(lr)``,
+    Adam without momentum) makes the step of the base iterate
     ``z``; the params ``y`` the gradient is taken at interpolate ``z`` and the
     average ``x`` that is evaluated (see :func:`schedule_free_eval_params`)::
 
         z ← z + inner(g)
         x ← (1 - c)·x + c·z,   c = lr_max^p / Σ lr_max^p
         y ← b1·x + (1 - b1)·z
+
+    ``y`` moves with the step ``z`` took as stored: with ``z`` in a narrower
+    ``state_dtype`` than the params, ``x`` is the average of the stored
+    ``z``'s (it is never stored itself; see :func:`schedule_free_eval_params`).
 
     Args:
         learning_rate: the wrapped pipeline's learning rate (a number or a

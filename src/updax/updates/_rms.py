@@ -16,7 +16,8 @@ from updax._combinators import combinator
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, add, div, maximum, moment, mul, per_leaf, sqrt, sub, where
+from updax.updates._kernels import (abs_sq, add, bias_corrections, div, maximum, moment, mul, per_leaf, per_leaf_rooted,
+                                   sqrt, sub, where)
 
 # --------------------------------------------------------------------------
 # States
@@ -26,6 +27,13 @@ class ScaleByRmsState(NamedTuple):
     """EMA of squared updates ``nu``."""
 
     nu: Any
+
+
+class ScaleByRmsWithCountState(NamedTuple):
+    """EMA of squared updates ``nu`` and steps taken ``count`` (for the bias correction)."""
+
+    nu: Any
+    count: jax.Array
 
 
 class ScaleByRssState(NamedTuple):
@@ -52,25 +60,52 @@ class ScaleByAdadeltaState(NamedTuple):
 # RMSProp
 
 
-def _init_scale_by_rms(params, *, initial_scale, nu_dtype):
-    return ScaleByRmsState(nu=_tree.accumulators(params, nu_dtype, initial_scale))
+def _init_scale_by_rms(params, *, initial_scale, nu_dtype, bias_correction=None):
+    nu = _tree.accumulators(params, nu_dtype, initial_scale)
+    return ScaleByRmsWithCountState(nu=nu, count=_tree.zero_count()) if bias_correction else ScaleByRmsState(nu=nu)
 
 
-def _apply_scale_by_rms(updates, state, params, *, decay, eps):
-    def leaf(g, v):
-        v = moment(decay, v, abs_sq(g))
-        return mul(g, jax.lax.rsqrt(add(v, eps))), v
+def _apply_scale_by_rms(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
+    call, trees, names = "scale_by_rms", (updates, state.nu), ("updates", "state.nu")
+    if bias_correction:
+        count = _tree.safe_increment(state.count)
+        (c,) = bias_corrections(count, decay)
+    else:
+        count, c = None, None
 
-    u, nu = per_leaf("scale_by_rms", leaf, (updates, state.nu), ("updates", "state.nu"))
-    return u, ScaleByRmsState(nu=nu)
+    def estimate(v):  # the (bias-corrected) second moment the update divides by
+        return div(v, c) if bias_correction else v
+
+    if eps_in_sqrt is False:  # g / (sqrt(v̂) + eps): the root through safe_sqrt, as Adam's
+        def before(g, v):
+            v = moment(decay, v, abs_sq(g))
+            return estimate(v), g, v
+
+        def after(root, g, v):
+            return div(g, add(root, eps)), v
+
+        u, nu = per_leaf_rooted(call, before, after, trees, names)
+    else:
+        def leaf(g, v):
+            v = moment(decay, v, abs_sq(g))
+            return mul(g, jax.lax.rsqrt(add(estimate(v), eps))), v
+
+        u, nu = per_leaf(call, leaf, trees, names)
+    return u, (ScaleByRmsWithCountState(nu=nu, count=count) if bias_correction else ScaleByRmsState(nu=nu))
 
 
 @combinator
 def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, initial_scale: ScalarOrSchedule = 0.0,
-                 *, nu_dtype: DType = None) -> Update:
+                 *, nu_dtype: DType = None, eps_in_sqrt: bool = True, bias_correction: bool = False) -> Update:
     """Scales updates by the root of an EMA of their squares (RMSProp).
 
-    Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``.
+    Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``; with
+    ``eps_in_sqrt=False``, ``u = g / (sqrt(v) + eps)``; with
+    ``bias_correction=True``, ``v̂ = v/(1-decay^t)`` (t counts from 1) takes
+    ``v``'s place in ``u``. Both options are optax's, which Axon's RMSProp
+    has not: Adam without momentum (``b1=0``) is
+    ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)``,
+    without Adam's first-moment state.
 
     Args:
         decay: EMA decay, in [0, 1). Default: ``0.9``.
@@ -79,9 +114,17 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
         initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
         nu_dtype: storage dtype of ``nu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
+        eps_in_sqrt: add ``eps`` inside the square root (Axon's and optax's
+            default) rather than to it; prints only when False. Default: ``True``.
+        bias_correction: divide ``v`` by ``1-decay^t``, as Adam does; the state
+            then counts the steps. The correction assumes ``v`` starts at 0, so
+            an ``initial_scale`` above 0 weighs more on the first steps than it
+            would uncorrected (as in optax). Prints only when True.
+            Default: ``False``.
 
     Returns:
-        An update object with state ``ScaleByRmsState(nu)``.
+        An update object with state ``ScaleByRmsState(nu)``, or with
+        ``bias_correction=True`` ``ScaleByRmsWithCountState(nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -90,6 +133,12 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
         >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
         >>> u["w"]  # 2 / sqrt(0.25·4)
         Array([2.], dtype=float32)
+        >>> opt = ux.scale_by_rms(decay=0.75, eps=0.0, bias_correction=True)
+        >>> opt
+        scale_by_rms(decay=0.75, eps=0.0, initial_scale=0.0, bias_correction=True)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # 2 / sqrt(0.25·4 / (1-0.75))
+        Array([1.], dtype=float32)
 
     References:
         Tieleman & Hinton, "Lecture 6.5 - RMSProp", COURSERA: Neural Networks
@@ -98,7 +147,11 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
     call = "scale_by_rms"
     options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
                    initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype),
+                   # Stored as None at their defaults: an option left at None is not printed, so the pipelines
+                   # written before the options existed print and compare as they did.
+                   eps_in_sqrt=None if check.flag(call, "eps_in_sqrt", eps_in_sqrt) else False,
+                   bias_correction=check.flag(call, "bias_correction", bias_correction) or None)
     return stateful(_init_scale_by_rms, _apply_scale_by_rms, elementwise=True, name=call, options=options,
                     schedulable=("decay", "eps", "initial_scale"))
 
