@@ -102,8 +102,8 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
     Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``; with
     ``eps_in_sqrt=False``, ``u = g / (sqrt(v) + eps)``; with
     ``bias_correction=True``, ``v̂ = v/(1-decay^t)`` (t counts from 1) takes
-    ``v``'s place in ``u``. Both options are optax's, which Axon's RMSProp
-    has not: Adam without momentum (``b1=0``) is
+    ``v``'s place in ``u``. Both options are optax's; Axon's RMSProp has
+    neither. Adam without momentum (``b1=0``) is
     ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)``,
     without Adam's first-moment state.
 
