@@ -133,6 +133,13 @@ def flag(call: str, name: str, value: Any) -> bool:
     return value
 
 
+def late_flag(call: str, name: str, value: Any, default: bool = False) -> bool | None:
+    """:func:`flag` for an option added after its stage: stored as None at its default. An option left at None
+    is not printed, so the pipelines written before the option existed print and compare as they did; the
+    stage's kernel reads None as the default."""
+    return None if flag(call, name, value) == default else value
+
+
 def function(call: str, name: str, value: Any) -> Any:
     if not callable(value):
         fail(call, name, value, "must be callable", TypeError)

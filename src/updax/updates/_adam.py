@@ -121,9 +121,8 @@ def _first_moment_estimate(count, b1, c1, nesterov):
 
 
 def _nesterov_option(call, nesterov):
-    """The validated flag, stored as None when False: an option left at None is not printed, so the pipelines
-    written before the option existed print and compare as they did."""
-    return check.flag(call, "nesterov", nesterov) or None
+    """The validated flag, stored as None when False (:func:`updax._validate.late_flag`)."""
+    return check.late_flag(call, "nesterov", nesterov)
 
 # --------------------------------------------------------------------------
 # Adam

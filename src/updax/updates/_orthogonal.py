@@ -255,9 +255,7 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
                    beta=check.unit(call, "beta", beta), eps=check.nonnegative(call, "eps", eps),
                    nesterov=check.flag(call, "nesterov", nesterov),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   # stored as None when False: an option left at None is not printed, so the pipelines written
-                   # before it existed print and compare as they did
-                   adaptive=check.flag(call, "adaptive", adaptive) or None,
+                   adaptive=check.late_flag(call, "adaptive", adaptive),
                    weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers))
     return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options,
                     static=("ns_steps", "weight_dimension_numbers"), schedulable=("beta", "eps"))

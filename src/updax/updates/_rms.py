@@ -148,10 +148,8 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
     options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
                    initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
                    nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype),
-                   # Stored as None at their defaults: an option left at None is not printed, so the pipelines
-                   # written before the options existed print and compare as they did.
-                   eps_in_sqrt=None if check.flag(call, "eps_in_sqrt", eps_in_sqrt) else False,
-                   bias_correction=check.flag(call, "bias_correction", bias_correction) or None)
+                   eps_in_sqrt=check.late_flag(call, "eps_in_sqrt", eps_in_sqrt, default=True),
+                   bias_correction=check.late_flag(call, "bias_correction", bias_correction))
     return stateful(_init_scale_by_rms, _apply_scale_by_rms, elementwise=True, name=call, options=options,
                     schedulable=("decay", "eps", "initial_scale"))
 
