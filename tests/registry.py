@@ -48,6 +48,9 @@ ENTRIES = {
                                                            bias_correction=True),
     "scale_by_rss": lambda: ux.scale_by_rss(initial_accumulator_value=0.1, eps=1e-7),
     "scale_by_stddev": lambda: ux.scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.0),
+    # initial_scale > 0: bias-corrected from 0, the first step's variance is 0 (m̂ = g, v̂ = g²) and u = g / eps
+    "scale_by_stddev_bias_corrected": lambda: ux.scale_by_stddev(decay=0.9, eps=1e-8, initial_scale=0.1,
+                                                                 eps_in_sqrt=False, bias_correction=True),
     "scale_by_schedule": lambda: ux.scale_by_schedule(_halving),
     "scale_by_state": lambda: ux.scale_by_state(-0.1),
     "scale_by_learning_rate": lambda: ux.scale_by_learning_rate(0.1),

@@ -225,7 +225,7 @@ SUPPORTED = {
     "scale_by_dog", "scale_by_dowg", "scale_by_polyak",
     "scale", "scale_by_state", "scale_by_schedule", "scale_by_learning_rate", "reduce_on_plateau",
     "scale_by_adam", "scale_by_belief", "scale_by_radam", "scale_by_yogi", "scale_by_amsgrad", "scale_by_adamax",
-    "scale_by_nadam", "scale_by_adan", "scale_by_rms", "scale_by_rms_bias_corrected", "scale_by_rss", "scale_by_stddev", "scale_by_adadelta",
+    "scale_by_nadam", "scale_by_adan", "scale_by_rms", "scale_by_rms_bias_corrected", "scale_by_rss", "scale_by_stddev", "scale_by_stddev_bias_corrected", "scale_by_adadelta",
     "scale_by_trust_ratio", "scale_by_novograd", "scale_by_param_block_rms", "clip_by_block_rms", "scale_by_shape",
     "trace", "trace_nesterov", "clip_by_global_norm", "centralize", "add_decayed_weights", "add_noise",
     "accumulate_gradients", "apply_if_finite", "ema", "sma", "weighted_moving_average", "ema_params", "swa",

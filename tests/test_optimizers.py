@@ -30,6 +30,8 @@ def test_each_optimizer_equals_its_explicit_pipeline():
     assert O.rmsprop(lr) == ux.scale_by_rms().scale_by_learning_rate(lr)
     assert O.rmsprop(lr, centered=True, momentum=0.9, nesterov=True) == (
         ux.scale_by_stddev().scale_by_learning_rate(lr).trace(0.9, nesterov=True))
+    assert O.rmsprop(lr, centered=True, eps_in_sqrt=False, bias_correction=True) == (
+        ux.scale_by_stddev(eps_in_sqrt=False, bias_correction=True).scale_by_learning_rate(lr))
     assert O.sgd(lr) == ux.scale_by_learning_rate(lr)
     assert O.sgd(lr, momentum=0.9) == ux.trace(decay=0.9).scale_by_learning_rate(lr)
     assert O.yogi(lr) == ux.scale_by_yogi().scale_by_learning_rate(lr)
@@ -118,6 +120,12 @@ PARITY = [
                                                     eps=1e-6, initial_scale=0.1),
      lambda: optax.rmsprop(0.05, centered=True, momentum=0.9, nesterov=True, decay=0.8, eps=1e-6,
                            initial_scale=0.1)),
+    *[(f"rmsprop_{label}_eps_outside_bias_corrected",
+       lambda kw=kw: O.rmsprop(0.05, decay=0.8, eps=1e-6, initial_scale=0.1, eps_in_sqrt=False, bias_correction=True,
+                               **kw),
+       lambda kw=kw: optax.rmsprop(0.05, decay=0.8, eps=1e-6, initial_scale=0.1, eps_in_sqrt=False,
+                                   bias_correction=True, **kw))
+      for label, kw in [("plain", {}), ("centered_momentum", dict(centered=True, momentum=0.9))]],
     ("sgd", lambda: O.sgd(0.05), lambda: optax.sgd(0.05)),
     ("sgd_nesterov", lambda: O.sgd(0.05, momentum=0.9, nesterov=True),
      lambda: optax.sgd(0.05, momentum=0.9, nesterov=True)),

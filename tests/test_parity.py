@@ -145,6 +145,13 @@ CASES = [
      lambda: optax.scale_by_stddev(decay=0.8, eps=1e-6, initial_scale=0.5, eps_in_sqrt=True,
                                    bias_correction=False),
      fields("scale_by_stddev", "mu", "nu"), None),
+    # the same two options on the centred rule: the bias correction divides both moments
+    *[(f"scale_by_stddev_{label}", lambda kw=kw: ux.scale_by_stddev(decay=0.8, eps=1e-6, initial_scale=0.5, **kw),
+       lambda kw=kw: optax.scale_by_stddev(decay=0.8, eps=1e-6, initial_scale=0.5, **{"eps_in_sqrt": True,
+                                                                                     "bias_correction": False, **kw}),
+       fields("scale_by_stddev", "mu", "nu", *(["count"] if kw.get("bias_correction") else [])), None)
+      for label, kw in [("eps_outside", dict(eps_in_sqrt=False)), ("bias_corrected", dict(bias_correction=True)),
+                        ("both", dict(eps_in_sqrt=False, bias_correction=True))]],
     ("scale_by_schedule", lambda: ux.scale_by_schedule(decaying), lambda: optax.scale_by_schedule(decaying),
      fields("scale_by_schedule", "count"), None),
     ("scale_by_trust_ratio", lambda: ux.scale_by_trust_ratio(min_norm=0.0, trust_coefficient=0.5, eps=1e-6),

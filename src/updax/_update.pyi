@@ -546,6 +546,8 @@ class Update:
         *,
         mu_dtype: DType = None,
         nu_dtype: DType = None,
+        eps_in_sqrt: bool = True,
+        bias_correction: bool = False,
     ) -> Update:
         """Scales updates by the root of the centred EMA of their squares (centred RMSProp). See
         :func:`updax.scale_by_stddev`."""

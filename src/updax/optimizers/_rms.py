@@ -12,7 +12,8 @@ from updax.updates import add_decayed_weights, scale_by_rms, scale_by_rss, scale
 
 def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, momentum: ScalarOrSchedule | None = None,
             nesterov: bool = False, decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
-            initial_scale: ScalarOrSchedule = 0.0) -> Update:
+            initial_scale: ScalarOrSchedule = 0.0, *, eps_in_sqrt: bool = True,
+            bias_correction: bool = False) -> Update:
     """RMSProp, optionally centred and with momentum.
 
     Pipeline: ``scale_by_rms`` (or ``scale_by_stddev`` when centred)
@@ -27,6 +28,10 @@ def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, mome
         decay: EMA decay of the squares. Default: ``0.9``.
         eps: added inside the square root. Default: ``1e-08``.
         initial_scale: initial second moment. Default: ``0.0``.
+        eps_in_sqrt: add ``eps`` inside the square root rather than to it
+            (optax's option). Default: ``True``.
+        bias_correction: divide the moments by ``1-decay^t``, as Adam does
+            (optax's option). Default: ``False``.
 
     Returns:
         An update object.
@@ -42,7 +47,8 @@ def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, mome
     """
     check.flag("rmsprop", "centered", centered)
     scaling = scale_by_stddev if centered else scale_by_rms
-    opt = scaling(decay=decay, eps=eps, initial_scale=initial_scale).scale_by_learning_rate(learning_rate)
+    opt = scaling(decay=decay, eps=eps, initial_scale=initial_scale, eps_in_sqrt=eps_in_sqrt,
+                  bias_correction=bias_correction).scale_by_learning_rate(learning_rate)
     if momentum is not None:
         opt = opt.trace(decay=momentum, nesterov=nesterov)
     return opt

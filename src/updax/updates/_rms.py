@@ -49,6 +49,14 @@ class ScaleByStddevState(NamedTuple):
     nu: Any
 
 
+class ScaleByStddevWithCountState(NamedTuple):
+    """EMAs of the updates ``mu`` and of their squares ``nu``, and steps taken ``count`` (for the bias correction)."""
+
+    mu: Any
+    nu: Any
+    count: jax.Array
+
+
 class ScaleByAdadeltaState(NamedTuple):
     """EMAs of the squared incoming updates and of the squared outgoing steps."""
 
@@ -158,34 +166,68 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
 # Centred RMSProp
 
 
-def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype):
-    return ScaleByStddevState(mu=_tree.accumulators(params, mu_dtype),
-                              nu=_tree.accumulators(params, nu_dtype, initial_scale))
+def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype, bias_correction=None):
+    mu, nu = _tree.accumulators(params, mu_dtype), _tree.accumulators(params, nu_dtype, initial_scale)
+    if bias_correction:
+        return ScaleByStddevWithCountState(mu=mu, nu=nu, count=_tree.zero_count())
+    return ScaleByStddevState(mu=mu, nu=nu)
 
 
-def _apply_scale_by_stddev(updates, state, params, *, decay, eps):
-    def leaf(g, m, v):
+def _apply_scale_by_stddev(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
+    call = "scale_by_stddev"
+    trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
+    if bias_correction:
+        count = _tree.safe_increment(state.count)
+        (c,) = bias_corrections(count, decay)
+    else:
+        count, c = None, None
+
+    def variance(g, m, v):  # the new moments and the (bias-corrected) variance the update divides by
         m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
-        variance = sub(v, abs_sq(m))
-        variance = variance.real if jnp.iscomplexobj(variance) else variance
+        m_hat, v_hat = (div(m, c), div(v, c)) if bias_correction else (m, v)
+        var = sub(v_hat, abs_sq(m_hat))
+        var = var.real if jnp.iscomplexobj(var) else var
         # Clamped at 0: where the variance vanishes (decay 0 or tiny), rounding (an FMA under jit) can take
         # v - m² below 0, and the root would be NaN.
-        return mul(g, jax.lax.rsqrt(add(maximum(variance, 0.0), eps))), m, v
+        return maximum(var, 0.0), m, v
 
-    u, mu, nu = per_leaf("scale_by_stddev", leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    if eps_in_sqrt is False:  # g / (sqrt(v̂ - m̂²) + eps): the root through safe_sqrt, as Adam's
+        def before(g, m, v):
+            var, m, v = variance(g, m, v)
+            return var, g, m, v
+
+        def after(root, g, m, v):
+            return div(g, add(root, eps)), m, v
+
+        u, mu, nu = per_leaf_rooted(call, before, after, trees, names)
+    else:
+        def leaf(g, m, v):
+            var, m, v = variance(g, m, v)
+            return mul(g, jax.lax.rsqrt(add(var, eps))), m, v
+
+        u, mu, nu = per_leaf(call, leaf, trees, names)
+    if bias_correction:
+        return u, ScaleByStddevWithCountState(mu=mu, nu=nu, count=count)
     return u, ScaleByStddevState(mu=mu, nu=nu)
 
 
 @combinator
 def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
                     initial_scale: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-                    nu_dtype: DType = None) -> Update:
+                    nu_dtype: DType = None, eps_in_sqrt: bool = True, bias_correction: bool = False) -> Update:
     """Scales updates by the root of the centred EMA of their squares (centred RMSProp).
 
     Update rule::
 
         m ← decay·m + (1-decay)·g     v ← decay·v + (1-decay)·g²
         u = g / sqrt(v - m² + eps)
+
+    With ``eps_in_sqrt=False``, ``u = g / (sqrt(v - m²) + eps)``; with
+    ``bias_correction=True``, ``m̂ = m/(1-decay^t)`` and ``v̂ = v/(1-decay^t)``
+    (t counts from 1) take ``m``'s and ``v``'s places in ``u``. Both options
+    are optax's; Axon's centred RMSProp has neither. ``v - m²`` is clamped at
+    0 before the root: rounding can take it just below 0 where the variance
+    vanishes.
 
     Args:
         decay: EMA decay, in [0, 1). Default: ``0.9``.
@@ -194,9 +236,18 @@ def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``. Default: ``None``.
+        eps_in_sqrt: add ``eps`` inside the square root (Axon's and optax's
+            default) rather than to it; prints only when False. Default: ``True``.
+        bias_correction: divide ``m`` and ``v`` by ``1-decay^t``, as Adam does;
+            the state then counts the steps. From ``initial_scale=0`` the
+            first step's variance is 0 (``m̂ = g``, ``v̂ = g²``), so the first
+            update is ``g / sqrt(eps)``, or ``g / eps`` outside the root, as
+            in optax: start ``v`` above 0 or keep ``eps`` large enough. Prints
+            only when True. Default: ``False``.
 
     Returns:
-        An update object with state ``ScaleByStddevState(mu, nu)``.
+        An update object with state ``ScaleByStddevState(mu, nu)``, or with
+        ``bias_correction=True`` ``ScaleByStddevWithCountState(mu, nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -204,6 +255,10 @@ def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
         >>> opt = ux.scale_by_stddev(decay=0.5, eps=0.0)
         >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
         >>> u["w"]  # m = 1, v = 2: 2 / sqrt(2 - 1)
+        Array([2.], dtype=float32)
+        >>> opt = ux.scale_by_stddev(decay=0.5, eps=0.0, initial_scale=1.0, bias_correction=True)
+        >>> u, _ = opt.update({"w": jnp.array([2.0])}, opt.init({"w": jnp.zeros(1)}))
+        >>> u["w"]  # m̂ = 1/0.5 = 2, v̂ = (0.5 + 2)/0.5 = 5: 2 / sqrt(5 - 4)
         Array([2.], dtype=float32)
 
     References:
@@ -214,7 +269,9 @@ def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
     options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
                    initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
                    mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype),
+                   eps_in_sqrt=check.late_flag(call, "eps_in_sqrt", eps_in_sqrt, default=True),
+                   bias_correction=check.late_flag(call, "bias_correction", bias_correction))
     return stateful(_init_scale_by_stddev, _apply_scale_by_stddev, elementwise=True, name=call, options=options,
                     schedulable=("decay", "eps", "initial_scale"))
 
