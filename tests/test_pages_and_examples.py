@@ -7,6 +7,7 @@ import contextlib
 import doctest
 import inspect
 import io
+import json
 import pathlib
 import re
 import statistics
@@ -136,6 +137,26 @@ def test_the_benchmark_runs_and_agrees_with_optax(tmp_path):
         assert row["bandwidth_gb_s"] > 0, row
     assert (tmp_path / "results-quick.json").exists()
     assert "| B | adam |" in (tmp_path / "results-quick.md").read_text()
+
+
+def test_an_accelerator_run_is_written_apart_from_the_cpu_run(tmp_path):
+    """The benchmarks' results on a GPU (or any device but the CPU) go to files of their own, named after the
+    platform, so a GPU run never overwrites or mixes with the recorded CPU numbers; quick runs likewise."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = [("cpu", False, "cpu table"), ("gpu", False, "gpu table"), ("gpu", True, "quick gpu table"),
+            ("tpu", False, "tpu table")]
+    for platform, quick, text in runs:
+        bench.write_results(tmp_path, "step_times", {"platform": platform, "quick": quick}, text)
+    written = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    assert {name: text for name, text in written.items() if name.endswith(".md")} == {
+        "step_times.md": "cpu table", "step_times-gpu.md": "gpu table", "step_times-gpu-quick.md": "quick gpu table",
+        "step_times-tpu.md": "tpu table"}
+    assert json.loads(written["step_times-gpu.json"]) == {"platform": "gpu", "quick": False}
+    assert bench.environment()["platform"] == jax.devices()[0].platform
 
 
 def test_the_in_place_benchmark_runs_and_finds_the_copies_gone(tmp_path):
