@@ -1,4 +1,4 @@
-"""The state in place: each optimizer with a ``state_last`` field, with and without the order, and optax's.
+"""The state in place: each optimizer whose state updax orders, with and without the order, and optax's.
 
 Run from the repository root (``pip install -e ".[bench]"`` first)::
 
@@ -6,7 +6,8 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/in_place.py --quick    # a small T, a smoke run
 
 For each optimizer whose pipeline has a stage that declares ``state_last``
-(updax._in_place), three jitted steps (``update`` then ``apply_updates``,
+(updax._in_place), or that computes a state field once before the params'
+kernel (``_in_place.computed_once``: COCOB's reward), three jitted steps (``update`` then ``apply_updates``,
 params and state donated) are compiled and timed side by side, as in
 ``run.py``: updax's, updax's with the order switched off (what it compiled
 before: XLA copies the declared fields first), and optax's. Each row gives
@@ -37,8 +38,12 @@ import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
 
 #: optax's optimizer with the same rule, by updax's name.
 OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "adopt": optax.contrib.adopt,
-         "dadapt_adamw": optax.contrib.dadapt_adamw, "lion": optax.lion, "optimistic_adam": optax.optimistic_adam_v2,
+         "dadapt_adamw": optax.contrib.dadapt_adamw, "lion": optax.lion, "cocob": optax.contrib.cocob, "optimistic_adam": optax.optimistic_adam_v2,
          "optimistic_gradient_descent": optax.optimistic_gradient_descent}
+
+
+#: The optimizers whose stage computes a state field once, before the params' kernel (_in_place.computed_once).
+COMPUTED_ONCE = ["cocob"]
 
 
 def declaring():
@@ -67,17 +72,20 @@ def case(name, params, repeats):
     ordered = getattr(ux.optimizers, name)(1e-3)
     theirs = OPTAX[name](1e-3)
     sides = {}
-    after_params, after_reading = _in_place.after_params, _in_place.after_reading
+    after_params, after_reading, computed_once = (_in_place.after_params, _in_place.after_reading,
+                                                  _in_place.computed_once)
     options = (("updax", ordered), ("unordered", ordered), ("optax", theirs))
     # Three compiles a side, in rotating order, the median reported (one compile moves by 10-20% here).
     for turn in range(3):
         for side, opt in options[turn:] + options[:turn]:
             _in_place.after_params = _unordered if side == "unordered" else after_params
             _in_place.after_reading = _unordered_reading if side == "unordered" else after_reading
+            _in_place.computed_once = list if side == "unordered" else computed_once
             try:
                 compiled, seconds, _, temp, _ = run.compile_step(opt, params, grads)
             finally:
                 _in_place.after_params, _in_place.after_reading = after_params, after_reading
+                _in_place.computed_once = computed_once
             entry = sides.setdefault(side, {"init": opt.init(params), "compiles_s": [], "temp_mb": temp / 2**20,
                                             "copies": run.kernels(compiled)["copies"]})
             entry["compiled"] = compiled
@@ -140,7 +148,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 15)
     params = run.transformer_like(layers=4, d=128) if args.quick else run.transformer_like()
-    names = declaring() if args.optimizers is None else args.optimizers.split(",")
+    names = declaring() + COMPUTED_ONCE if args.optimizers is None else args.optimizers.split(",")
     rows = [case(name, params, repeats) for name in names]
     result = {**run.environment(), "repeats": repeats, "quick": args.quick,
               "params": int(sum(x.size for x in jax.tree.leaves(params))), "leaves": len(jax.tree.leaves(params)),

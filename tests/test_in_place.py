@@ -41,11 +41,15 @@ def grads_like(tree, t):
 DECLARING = sorted(name for name in ux.optimizers.__all__
                    if name not in ("lbfgs", "polyak_sgd", "dpsgd")  # (they need an objective, a loss, examples)
                    and any(stage.state_last for stage in getattr(ux.optimizers, name)(1e-3).stages))
+#: The optimizers written in place by computing a state field once, before the params' kernel
+#: (updax._in_place.computed_once), and all of them.
+COMPUTED_ONCE = ["cocob"]
+IN_PLACE = sorted(DECLARING + COMPUTED_ONCE)
 
 #: optax's optimizer for each: the same rule, which copies the state.
 OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "lion": optax.lion, "optimistic_adam": optax.optimistic_adam_v2,
          "optimistic_gradient_descent": optax.optimistic_gradient_descent, "adopt": optax.contrib.adopt,
-         "dadapt_adamw": optax.contrib.dadapt_adamw}
+         "dadapt_adamw": optax.contrib.dadapt_adamw, "cocob": optax.contrib.cocob}
 
 
 def step_fn(opt, apply=ux.apply_updates):
@@ -81,17 +85,18 @@ def switch_order_off(patch):
     """Switches the order off (``patch``: pytest's monkeypatch): after the params' update and after a reduction."""
     patch.setattr(_in_place, "after_params", _unordered)
     patch.setattr(_in_place, "after_reading", lambda token, old, new: new)
+    patch.setattr(_in_place, "computed_once", list)
 
 
 def test_the_declaring_optimizers_are_the_ones_optax_copies_for():
-    assert DECLARING == sorted(OPTAX)
-    for name in DECLARING:
+    assert IN_PLACE == sorted(OPTAX)
+    for name in IN_PLACE:
         assert copies(OPTAX[name](1e-3), params(), optax.apply_updates), name  # optax's step copies state
 
 
 @pytest.mark.parametrize("apply", [ux.apply_updates, optax.apply_updates, eqx.apply_updates],
                          ids=["updax", "optax", "equinox"])
-@pytest.mark.parametrize("name", DECLARING)
+@pytest.mark.parametrize("name", IN_PLACE)
 def test_the_state_is_updated_in_place(name, apply, monkeypatch):
     opt = getattr(ux.optimizers, name)(1e-3)
     assert copies(opt, params(), apply) == []
@@ -100,7 +105,7 @@ def test_the_state_is_updated_in_place(name, apply, monkeypatch):
     assert ordered < temporaries(opt, params(), apply)  # (the copies were temporary buffers)
 
 
-@pytest.mark.parametrize("name", DECLARING)
+@pytest.mark.parametrize("name", IN_PLACE)
 def test_without_the_order_xla_copies_the_state(name, monkeypatch):
     """The counter-case: with the ordering switched off, the same step copies state, as optax's does."""
     switch_order_off(monkeypatch)
@@ -108,7 +113,7 @@ def test_without_the_order_xla_copies_the_state(name, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("name", DECLARING)
+@pytest.mark.parametrize("name", IN_PLACE)
 def test_the_numbers_are_the_same_bit_for_bit(name, dtype, monkeypatch):
     def run():
         opt = getattr(ux.optimizers, name)(1e-2)

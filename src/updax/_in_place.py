@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._stage import ScheduledState, Stage
 
-__all__ = ["after_params", "after_reading"]
+__all__ = ["after_params", "after_reading", "computed_once"]
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
@@ -134,3 +134,27 @@ def after_reading(token: jax.Array, old: jax.Array, new: jax.Array) -> jax.Array
     if not _tree.traced_for_cpu(new) or old.dtype != new.dtype or old.shape != new.shape:
         return new
     return jax.lax.select(jax.lax.lt(token, token), old, new)
+
+
+def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
+    """``values``, each computed by a kernel of its own that every later kernel reads, rather than recomputed
+    inside each of its readers: divided by a 1 that XLA sees only once its simplifier has run.
+
+    The other direction from :func:`after_params`, for a new state value the params' kernel also needs and that
+    reads a buffer the params' kernel overwrites. COCOB's reward ``R' = max(R - g·(x - x₀), 0)`` reads the old
+    params, and the params' update needs ``R'``. XLA fuses so cheap a value into both kernels, so the params'
+    kernel reads the old reward while the reward's kernel reads the old params: neither can go first, and XLA
+    copies both on every step (216 MB of temporaries on the benchmark's T, as in optax's step). A division is
+    an operation XLA does not duplicate into a second kernel, and ``x / 1`` is ``x`` bit for bit (IEEE division
+    is correctly rounded); the 1 passes an optimization barrier, so the simplifier, which would drop the
+    division, does not see it. The value is then its own kernel, written in place first, and the params'
+    kernel reads it: no copy. Traced for the CPU only (see the module); elsewhere, ``values`` as they are.
+    """
+    values = list(values)
+    if not _tree.traced_for_cpu(values):
+        return values
+    ones = {}
+    for x in values:
+        if x.dtype not in ones:
+            ones[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
+    return [jax.lax.div(x, ones[x.dtype]) for x in values]

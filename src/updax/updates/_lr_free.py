@@ -574,14 +574,18 @@ def _apply_scale_by_cocob(updates, state, params, *, alpha):
                state.init_params),
         ("updates", "state.sum_grads", "state.max_abs_grad", "state.sum_abs_grads", "state.reward", "params",
          "state.init_params"))
+    compute = [_tree.compute_dtype(*(x.dtype for x in leaf)) for leaf in leaves]
+    # The new reward reads the old params and the params' update reads it: computed once, first, and read by the
+    # params' kernel, so that both are written in place (updax._in_place.computed_once).
+    rewards = _in_place.computed_once([
+        maximum(sub(_tree.cast(reward, c), mul(_tree.cast(g, c), sub(_tree.cast(p, c), _tree.cast(x0, c)))), 0.0)
+        for (g, _, _, _, reward, p, x0), c in zip(leaves, compute)])
     new = []
-    for g, theta, big_l, big_g, reward, p, x0 in leaves:
-        c = _tree.compute_dtype(*(x.dtype for x in (g, theta, big_l, big_g, reward, p, x0)))
+    for (g, theta, big_l, big_g, reward, p, x0), c, r32 in zip(leaves, compute, rewards):
         g32, p32, x032 = (_tree.cast(x, c) for x in (g, p, x0))
         theta32 = add(_tree.cast(theta, c), g32)
         l32 = maximum(_tree.cast(big_l, c), absolute(g32))
         g_sum32 = add(_tree.cast(big_g, c), absolute(g32))
-        r32 = maximum(sub(_tree.cast(reward, c), mul(g32, sub(p32, x032))), 0.0)
         bet = _div(mul(theta32, add(l32, r32)), mul(l32, maximum(add(g_sum32, l32), mul(alpha, l32))))
         new.append((sub(sub(x032, bet), p32).astype(g.dtype), theta32.astype(theta.dtype), l32.astype(big_l.dtype),
                     g_sum32.astype(big_g.dtype), r32.astype(reward.dtype)))
