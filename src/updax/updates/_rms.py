@@ -73,32 +73,43 @@ def _init_scale_by_rms(params, *, initial_scale, nu_dtype, bias_correction=None)
     return ScaleByRmsWithCountState(nu=nu, count=_tree.zero_count()) if bias_correction else ScaleByRmsState(nu=nu)
 
 
+def _correction(state, decay, bias_correction):
+    """The new step count and ``1-decay^t`` with ``bias_correction``; ``(None, None)`` without."""
+    if not bias_correction:
+        return None, None
+    count = _tree.safe_increment(state.count)
+    return count, bias_corrections(count, decay)[0]
+
+
+def _scaled_by_root(call, radicand, trees, names, eps, eps_in_sqrt):
+    """RMSProp's step, plain or centred: per leaf, ``radicand(g, *state)`` returns ``(r, *new_state)`` and the
+    update is ``g / sqrt(r + eps)``, or with ``eps_in_sqrt=False`` ``g / (sqrt(r) + eps)`` (the roots through
+    ``safe_sqrt``, as Adam's). Returns the updates and the new state trees."""
+    if eps_in_sqrt is False:
+        def before(g, *state):
+            r, *new = radicand(g, *state)
+            return (r, g, *new)
+
+        def after(root, g, *new):
+            return (div(g, add(root, eps)), *new)
+
+        return per_leaf_rooted(call, before, after, trees, names)
+
+    def leaf(g, *state):
+        r, *new = radicand(g, *state)
+        return (mul(g, jax.lax.rsqrt(add(r, eps))), *new)
+
+    return per_leaf(call, leaf, trees, names)
+
+
 def _apply_scale_by_rms(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
-    call, trees, names = "scale_by_rms", (updates, state.nu), ("updates", "state.nu")
-    if bias_correction:
-        count = _tree.safe_increment(state.count)
-        (c,) = bias_corrections(count, decay)
-    else:
-        count, c = None, None
+    count, c = _correction(state, decay, bias_correction)
 
-    def estimate(v):  # the (bias-corrected) second moment the update divides by
-        return div(v, c) if bias_correction else v
+    def radicand(g, v):  # the new moment, and the (bias-corrected) one the update divides by
+        v = moment(decay, v, abs_sq(g))
+        return (div(v, c) if bias_correction else v), v
 
-    if eps_in_sqrt is False:  # g / (sqrt(v̂) + eps): the root through safe_sqrt, as Adam's
-        def before(g, v):
-            v = moment(decay, v, abs_sq(g))
-            return estimate(v), g, v
-
-        def after(root, g, v):
-            return div(g, add(root, eps)), v
-
-        u, nu = per_leaf_rooted(call, before, after, trees, names)
-    else:
-        def leaf(g, v):
-            v = moment(decay, v, abs_sq(g))
-            return mul(g, jax.lax.rsqrt(add(estimate(v), eps))), v
-
-        u, nu = per_leaf(call, leaf, trees, names)
+    u, nu = _scaled_by_root("scale_by_rms", radicand, (updates, state.nu), ("updates", "state.nu"), eps, eps_in_sqrt)
     return u, (ScaleByRmsWithCountState(nu=nu, count=count) if bias_correction else ScaleByRmsState(nu=nu))
 
 
@@ -174,15 +185,9 @@ def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype, bias_cor
 
 
 def _apply_scale_by_stddev(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
-    call = "scale_by_stddev"
-    trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
-    if bias_correction:
-        count = _tree.safe_increment(state.count)
-        (c,) = bias_corrections(count, decay)
-    else:
-        count, c = None, None
+    count, c = _correction(state, decay, bias_correction)
 
-    def variance(g, m, v):  # the new moments and the (bias-corrected) variance the update divides by
+    def radicand(g, m, v):  # the (bias-corrected) variance the update divides by, and the new moments
         m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
         m_hat, v_hat = (div(m, c), div(v, c)) if bias_correction else (m, v)
         var = sub(v_hat, abs_sq(m_hat))
@@ -191,21 +196,8 @@ def _apply_scale_by_stddev(updates, state, params, *, decay, eps, eps_in_sqrt=No
         # v - m² below 0, and the root would be NaN.
         return maximum(var, 0.0), m, v
 
-    if eps_in_sqrt is False:  # g / (sqrt(v̂ - m̂²) + eps): the root through safe_sqrt, as Adam's
-        def before(g, m, v):
-            var, m, v = variance(g, m, v)
-            return var, g, m, v
-
-        def after(root, g, m, v):
-            return div(g, add(root, eps)), m, v
-
-        u, mu, nu = per_leaf_rooted(call, before, after, trees, names)
-    else:
-        def leaf(g, m, v):
-            var, m, v = variance(g, m, v)
-            return mul(g, jax.lax.rsqrt(add(var, eps))), m, v
-
-        u, mu, nu = per_leaf(call, leaf, trees, names)
+    u, mu, nu = _scaled_by_root("scale_by_stddev", radicand, (updates, state.mu, state.nu),
+                                ("updates", "state.mu", "state.nu"), eps, eps_in_sqrt)
     if bias_correction:
         return u, ScaleByStddevWithCountState(mu=mu, nu=nu, count=count)
     return u, ScaleByStddevState(mu=mu, nu=nu)
