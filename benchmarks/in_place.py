@@ -6,8 +6,9 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/in_place.py --quick    # a small T, a smoke run
 
 For each optimizer whose pipeline has a stage that declares ``state_last``
-(updax._in_place), or that computes a state field once before the params'
-kernel (``_in_place.computed_once``: COCOB's reward), three jitted steps (``update`` then ``apply_updates``,
+(updax._in_place), that computes a state field once before the params'
+kernel (``_in_place.computed_once``: COCOB's reward), or that traces its
+step again for the params' kernel (schedule-free), three jitted steps (``update`` then ``apply_updates``,
 params and state donated) are compiled and timed side by side, as in
 ``run.py``: updax's, updax's with the order switched off (what it compiled
 before: XLA copies the declared fields first), and optax's. Each row gives
@@ -15,7 +16,9 @@ the step times (median of the interleaved calls), the copies of full-size
 arrays and the temporary bytes in XLA's compiled program, the compile times
 (median of three a side),
 and whether the ordered step's params and state after 3 steps equal the
-unordered one's bit for bit. Results go to
+unordered one's bit for bit (a step traced again, ``_in_place.recomputing``,
+is another formula of the same step: its largest difference is given).
+Results go to
 ``benchmarks/results/in_place.json`` and ``in_place.md``.
 """
 
@@ -39,11 +42,14 @@ import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
 #: optax's optimizer with the same rule, by updax's name.
 OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "adopt": optax.contrib.adopt,
          "dadapt_adamw": optax.contrib.dadapt_adamw, "lion": optax.lion, "cocob": optax.contrib.cocob, "optimistic_adam": optax.optimistic_adam_v2,
-         "optimistic_gradient_descent": optax.optimistic_gradient_descent}
+         "optimistic_gradient_descent": optax.optimistic_gradient_descent,
+         "schedule_free_adamw": optax.contrib.schedule_free_adamw}
 
 
 #: The optimizers whose stage computes a state field once, before the params' kernel (_in_place.computed_once).
 COMPUTED_ONCE = ["cocob"]
+#: The optimizers whose stage traces a step a second time for the params' kernel (_in_place.recomputing).
+RECOMPUTED = ["schedule_free_adamw"]
 
 
 def declaring():
@@ -67,13 +73,17 @@ def _unordered_reading(token, old, new):
     return new
 
 
+def _itself(x):
+    return x
+
+
 def case(name, params, repeats):
     grads = run.grads_like(params, 0)
     ordered = getattr(ux.optimizers, name)(1e-3)
     theirs = OPTAX[name](1e-3)
     sides = {}
-    after_params, after_reading, computed_once = (_in_place.after_params, _in_place.after_reading,
-                                                  _in_place.computed_once)
+    after_params, after_reading, computed_once, recomputed = (_in_place.after_params, _in_place.after_reading,
+                                                              _in_place.computed_once, _in_place.recomputed)
     options = (("updax", ordered), ("unordered", ordered), ("optax", theirs))
     # Three compiles a side, in rotating order, the median reported (one compile moves by 10-20% here).
     for turn in range(3):
@@ -81,11 +91,12 @@ def case(name, params, repeats):
             _in_place.after_params = _unordered if side == "unordered" else after_params
             _in_place.after_reading = _unordered_reading if side == "unordered" else after_reading
             _in_place.computed_once = list if side == "unordered" else computed_once
+            _in_place.recomputed = _itself if side == "unordered" else recomputed
             try:
                 compiled, seconds, _, temp, _ = run.compile_step(opt, params, grads)
             finally:
                 _in_place.after_params, _in_place.after_reading = after_params, after_reading
-                _in_place.computed_once = computed_once
+                _in_place.computed_once, _in_place.recomputed = computed_once, recomputed
             entry = sides.setdefault(side, {"init": opt.init(params), "compiles_s": [], "temp_mb": temp / 2**20,
                                             "copies": run.kernels(compiled)["copies"]})
             entry["compiled"] = compiled
@@ -94,9 +105,9 @@ def case(name, params, repeats):
         entry["compile_s"] = statistics.median(entry["compiles_s"])
     sides = {side: sides[side] for side, _ in options}
     steps = [(sides[s]["compiled"], sides[s]["init"]) for s in sides]
-    same = _bit_for_bit(steps[:2], params)
+    same, difference = _bit_for_bit(steps[:2], params)
     times = run.time_side_by_side(steps, params, grads, repeats)
-    row = {"optimizer": name, "same_numbers": same}
+    row = {"optimizer": name, "same_numbers": same, "largest_difference": difference}
     for side, seconds in zip(sides, times):
         row.update({f"{side}_step_ms": 1e3 * seconds, f"{side}_compile_s": sides[side]["compile_s"],
                     f"{side}_temp_mb": sides[side]["temp_mb"], f"{side}_copies": sides[side]["copies"]})
@@ -106,19 +117,27 @@ def case(name, params, repeats):
           f"{row['unordered_step_ratio']:.2f}x)  copies {row['updax_copies']} / {row['unordered_copies']} / "
           f"{row['optax_copies']}  temp {row['updax_temp_mb']:.1f} / {row['unordered_temp_mb']:.1f} / "
           f"{row['optax_temp_mb']:.1f} MB  compile {row['updax_compile_s']:.2f} / {row['unordered_compile_s']:.2f} / "
-          f"{row['optax_compile_s']:.2f} s  same numbers: {same}", flush=True)
+          f"{row['optax_compile_s']:.2f} s  same numbers: {_same(row)}", flush=True)
     return row
 
 
 def _bit_for_bit(steps, params):
-    """Whether two compiled steps give the same params and state after 3 steps, bit for bit."""
+    """Whether two compiled steps give the same params and state after 3 steps, bit for bit, and their largest
+    difference relative to the largest magnitude of its array (a recomputed step is another formula)."""
     results = []
     for step, state in steps:
         p, s = run.copy(params), run.copy(state)
         for t in range(3):
             p, s = step(p, s, run.grads_like(params, 100 + t))
-        results.append(jax.tree.leaves((p, s)))
-    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*results))
+        results.append([np.asarray(x, np.float64) for x in jax.tree.leaves((p, s))])
+    same = all(np.array_equal(a, b) for a, b in zip(*results))
+    difference = max((float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+                      for a, b in zip(*results) if a.size), default=0.0)
+    return same, difference
+
+
+def _same(row):
+    return "yes" if row["same_numbers"] else f"no, to {row['largest_difference']:.1e} of each array's scale"
 
 
 def markdown(result):
@@ -135,7 +154,7 @@ def markdown(result):
             f"{r['updax_copies']} / {r['unordered_copies']} / {r['optax_copies']} | "
             f"{r['updax_temp_mb']:.1f} / {r['unordered_temp_mb']:.1f} / {r['optax_temp_mb']:.1f} | "
             f"{r['updax_compile_s']:.2f} / {r['unordered_compile_s']:.2f} / {r['optax_compile_s']:.2f} | "
-            f"{'yes' if r['same_numbers'] else 'no'} |")
+            f"{_same(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,7 +167,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 15)
     params = run.transformer_like(layers=4, d=128) if args.quick else run.transformer_like()
-    names = declaring() + COMPUTED_ONCE if args.optimizers is None else args.optimizers.split(",")
+    names = declaring() + COMPUTED_ONCE + RECOMPUTED if args.optimizers is None else args.optimizers.split(",")
     rows = [case(name, params, repeats) for name in names]
     result = {**run.environment(), "repeats": repeats, "quick": args.quick,
               "params": int(sum(x.size for x in jax.tree.leaves(params))), "leaves": len(jax.tree.leaves(params)),

@@ -39,7 +39,9 @@ writes both from one kernel), and an eager step has no schedule to order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -48,7 +50,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._stage import ScheduledState, Stage
 
-__all__ = ["after_params", "after_reading", "computed_once"]
+__all__ = ["after_params", "after_reading", "computed_once", "recomputed", "recomputing", "traced_again"]
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
@@ -158,3 +160,52 @@ def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
         if x.dtype not in ones:
             ones[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
     return [jax.lax.div(x, ones[x.dtype]) for x in values]
+
+
+#: Inside :func:`recomputing`: the barrier'd 1 of each dtype marked so far (and so whether any value was marked).
+_RECOMPUTING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("updax_recomputing", default=None)
+
+
+@contextlib.contextmanager
+def recomputing() -> Iterator[dict]:
+    """A second trace of a step whose result a second reader needs, computed in that reader's kernel.
+
+    A wrapper that needs its inner pipeline's step ``u`` in two kernels (schedule-free: ``z' = z + u``, and the
+    params' update) traces the pipeline a second time inside this context. The second trace repeats the first
+    operation for operation, so XLA merges the two, and XLA does not duplicate a division or a root into a
+    second kernel: it stores ``u`` for both readers, a temporary of the params' size written and read on every
+    step. A rule that computes its step from a new state value marks that value with :func:`recomputed`;
+    inside this context the mark divides it by a 1 behind an optimization barrier (:func:`computed_once`'s
+    device), a 1 of this trace's own, so the second trace's step is an expression of its own, which XLA
+    computes inside its one reader from the stored new state. Yields the marks: empty when no rule marked a
+    value, and the wrapper then has nothing to gain from its second trace.
+    """
+    marks: dict = {}
+    token = _RECOMPUTING.set(marks)
+    try:
+        yield marks
+    finally:
+        _RECOMPUTING.reset(token)
+
+
+def recomputed(x: jax.Array) -> jax.Array:
+    """``x``, or inside :func:`recomputing` and traced for the CPU ``x`` divided by that trace's barrier'd 1: the
+    same value bit for bit (IEEE division is correctly rounded), in an expression XLA does not merge with the
+    first trace's. For the new state value a rule's step is computed from (RMSProp's ``v``, under the root)."""
+    marks = _RECOMPUTING.get()
+    if marks is None or not _tree.traced_for_cpu(x):
+        return x
+    if x.dtype not in marks:
+        marks[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
+    return jax.lax.div(x, marks[x.dtype])
+
+
+def traced_again(fn: Callable[[], Any]) -> Any:
+    """``fn()`` traced a second time inside :func:`recomputing` and added to the current trace, or None: when no
+    rule marked a value (the second trace would be merged with the first, and XLA would store the step for both
+    readers), or when the trace has effects (a ``jax.debug.print`` in a user's stage would run twice a step)."""
+    with recomputing() as marks:
+        closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
+    if not marks or closed.effects:
+        return None
+    return jax.tree.unflatten(jax.tree.structure(shapes), jax.core.eval_jaxpr(closed.jaxpr, closed.consts))

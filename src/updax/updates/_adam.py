@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _in_place, _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
@@ -101,7 +101,9 @@ def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_
         return moments(g.astype(c), m.astype(c), v.astype(c))
 
     mu, nu = _tree.tree_map_unzip(call, leaf, 2, *trees, names=names)
-    u = adam_directions(mu, nu, c1, c2, eps, eps_root)
+    # (the second moment under the root marked for a wrapper that traces the step again, schedule-free:
+    # updax._in_place.recomputed; marked out here, as adam_directions' body is traced once and cached)
+    u = adam_directions(mu, jax.tree.map(_in_place.recomputed, nu), c1, c2, eps, eps_root)
     u, mu, nu = (jax.tree.map(lambda x, like, name=name: store(call, name, x, like), new, like)
                  for new, like, name in zip((u, mu, nu), trees, names))
     return u, ScaleByAdamState(mu=mu, nu=nu, count=count)

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _in_place, _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import apply_updates, stateful
@@ -37,22 +37,30 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
     weight_sum = state.weight_sum + weight
     ck = jnp.where(weight_sum > 0, weight / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
     steps, inner_state = inner.update(updates, state.inner, params, **extra)
+    again = None  # the step traced once more, for the params' kernel (updax._in_place.recomputing)
+    if _tree.traced_for_cpu(updates):
+        again = _in_place.traced_again(lambda: inner.update(updates, state.inner, params, **extra)[0])
     keep = 1 - b1 * (1 - ck)
 
-    def leaf(y, z0, u):
-        # y' - y with x = (y - (1 - b1)·z) / b1 substituted into y' = b1·x' + (1 - b1)·z': no division by b1,
-        # so a tiny b1 neither overflows nor magnifies the rounding of y. The step of z is taken as stored,
-        # z' - z (exact where z' is within a factor 2 of z): y then moves with the z the state holds, and u has
-        # one reader, z', so XLA computes the inner pipeline's step inside z's kernel rather than writing it out
-        # for both.
+    def leaf(y, z0, u, u_again):
+        # y' = b1·x' + (1 - b1)·z' with x = (y - (1 - b1)·z) / b1 substituted: no division by b1, so a tiny b1
+        # neither overflows nor magnifies the rounding of y.
         c = _tree.compute_dtype(y.dtype, z0.dtype)
         y32, z32, u32 = (_tree.cast(x, c) for x in (y, z0, u))
         z = _tree.cast(add(z32, u32), z0.dtype)
-        out = add(mul(ck, sub(z32, y32)), mul(keep, sub(_tree.cast(z, c), z32)))
-        return _tree.cast(out, u.dtype), z
+        if jnp.dtype(z0.dtype).itemsize < jnp.dtype(y.dtype).itemsize:
+            # z stored narrower than y: y moves with the step z took as stored, z' - z (exact where z' is within
+            # a factor 2 of z), so that x is the average of the stored z's.
+            return _tree.cast(add(mul(ck, sub(z32, y32)), mul(keep, sub(_tree.cast(z, c), z32))), u.dtype), z
+        # y' - y = ck·(z' - y) + (1 - b1)·(1 - ck)·u reads the new z, not the old: z is written in place first
+        # (a reader of the old z after its writer makes XLA copy z on every step, as optax's step does). u_again
+        # is u traced a second time where the inner rule marks it: XLA computes it inside the params' kernel,
+        # where it would store a u it does not duplicate (a root, a division) for both kernels.
+        step = add(mul(ck, sub(_tree.cast(z, c), y32)), mul((1 - b1) * (1 - ck), _tree.cast(u_again, c)))
+        return _tree.cast(step, u.dtype), z
 
     out, z = _tree.tree_map_unzip("schedule_free", leaf, 2, params, state.z, steps,
-                                  names=("params", "state.z", "updates"))
+                                  steps if again is None else again, names=("params", "state.z", "updates", "updates"))
     return out, ScheduleFreeState(inner=inner_state, z=z, weight_sum=weight_sum, max_lr=max_lr)
 
 
@@ -74,6 +82,16 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSc
     ``y`` moves with the step ``z`` took as stored: with ``z`` in a narrower
     ``state_dtype`` than the params, ``x`` is the average of the stored
     ``z``'s (it is never stored itself; see :func:`schedule_free_eval_params`).
+
+    The params' update is computed from the new ``z``,
+    ``y' - y = c·(z' - y) + (1 - b1)·(1 - c)·u``, so that XLA writes ``z``
+    in place (optax's step copies it on every step); with ``z`` narrower
+    than the params, from the step ``z`` took as stored. Jitted for the
+    CPU, the wrapped pipeline is traced a second time for the params'
+    kernel when its rule marks its step (``scale_by_adam``'s,
+    ``scale_by_rms``'s and ``scale_by_stddev``'s do): XLA computes the step
+    inside both kernels rather than store it for both (a pipeline whose
+    trace has effects, a ``jax.debug.print``, is traced once).
 
     Args:
         learning_rate: the wrapped pipeline's learning rate (a number or a

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _in_place, _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
@@ -84,11 +84,13 @@ def _correction(state, decay, bias_correction):
 def _scaled_by_root(call, radicand, trees, names, eps, eps_in_sqrt):
     """RMSProp's step, plain or centred: per leaf, ``radicand(g, *state)`` returns ``(r, *new_state)`` and the
     update is ``g / sqrt(r + eps)``, or with ``eps_in_sqrt=False`` ``g / (sqrt(r) + eps)`` (the roots through
-    ``safe_sqrt``, as Adam's). Returns the updates and the new state trees."""
+    ``safe_sqrt``, as Adam's). Returns the updates and the new state trees. The radicand is marked
+    :func:`updax._in_place.recomputed`: a wrapper tracing the step a second time (schedule-free) gets it
+    computed in its second reader's kernel from the new state, rather than stored for both."""
     if eps_in_sqrt is False:
         def before(g, *state):
             r, *new = radicand(g, *state)
-            return (r, g, *new)
+            return (_in_place.recomputed(r), g, *new)
 
         def after(root, g, *new):
             return (div(g, add(root, eps)), *new)
@@ -97,7 +99,7 @@ def _scaled_by_root(call, radicand, trees, names, eps, eps_in_sqrt):
 
     def leaf(g, *state):
         r, *new = radicand(g, *state)
-        return (mul(g, jax.lax.rsqrt(add(r, eps))), *new)
+        return (mul(g, jax.lax.rsqrt(add(_in_place.recomputed(r), eps))), *new)
 
     return per_leaf(call, leaf, trees, names)
 
