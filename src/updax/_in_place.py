@@ -188,16 +188,21 @@ def recomputing() -> Iterator[dict]:
         _RECOMPUTING.reset(token)
 
 
-def recomputed(x: jax.Array) -> jax.Array:
-    """``x``, or inside :func:`recomputing` and traced for the CPU ``x`` divided by that trace's barrier'd 1: the
-    same value bit for bit (IEEE division is correctly rounded), in an expression XLA does not merge with the
-    first trace's. For the new state value a rule's step is computed from (RMSProp's ``v``, under the root)."""
+def recomputed(tree: Any) -> Any:
+    """``tree``, or inside :func:`recomputing` and traced for the CPU each leaf divided by that trace's
+    barrier'd 1: the same values bit for bit (IEEE division is correctly rounded), in expressions XLA does not
+    merge with the first trace's. For the new state value a rule's step is computed from (RMSProp's ``v`` under
+    the root, Adam's second moments). Outside a second trace, ``tree`` itself, without a pass over its leaves."""
     marks = _RECOMPUTING.get()
-    if marks is None or not _tree.traced_for_cpu(x):
-        return x
-    if x.dtype not in marks:
-        marks[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
-    return jax.lax.div(x, marks[x.dtype])
+    if marks is None or not _tree.traced_for_cpu(tree):
+        return tree
+
+    def mark(x):
+        if x.dtype not in marks:
+            marks[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
+        return jax.lax.div(x, marks[x.dtype])
+
+    return jax.tree.map(mark, tree)
 
 
 def traced_again(fn: Callable[[], Any]) -> Any:

@@ -103,7 +103,7 @@ def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_
     mu, nu = _tree.tree_map_unzip(call, leaf, 2, *trees, names=names)
     # (the second moment under the root marked for a wrapper that traces the step again, schedule-free:
     # updax._in_place.recomputed; marked out here, as adam_directions' body is traced once and cached)
-    u = adam_directions(mu, jax.tree.map(_in_place.recomputed, nu), c1, c2, eps, eps_root)
+    u = adam_directions(mu, _in_place.recomputed(nu), c1, c2, eps, eps_root)
     u, mu, nu = (jax.tree.map(lambda x, like, name=name: store(call, name, x, like), new, like)
                  for new, like, name in zip((u, mu, nu), trees, names))
     return u, ScaleByAdamState(mu=mu, nu=nu, count=count)

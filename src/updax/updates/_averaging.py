@@ -79,14 +79,13 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSc
         x ← (1 - c)·x + c·z,   c = lr_max^p / Σ lr_max^p
         y ← b1·x + (1 - b1)·z
 
-    ``y`` moves with the step ``z`` took as stored: with ``z`` in a narrower
-    ``state_dtype`` than the params, ``x`` is the average of the stored
-    ``z``'s (it is never stored itself; see :func:`schedule_free_eval_params`).
-
+    ``x`` is never stored itself (see :func:`schedule_free_eval_params`).
     The params' update is computed from the new ``z``,
     ``y' - y = c·(z' - y) + (1 - b1)·(1 - c)·u``, so that XLA writes ``z``
-    in place (optax's step copies it on every step); with ``z`` narrower
-    than the params, from the step ``z`` took as stored. Jitted for the
+    in place (optax's step copies it on every step). With ``z`` in a
+    narrower ``state_dtype`` than the params, ``y`` moves with the step
+    ``z`` took as stored, ``z' - z``, so that ``x`` is the average of the
+    stored ``z``'s (XLA then copies ``z``). Jitted for the
     CPU, the wrapped pipeline is traced a second time for the params'
     kernel when its rule marks its step (``scale_by_adam``'s,
     ``scale_by_rms``'s and ``scale_by_stddev``'s do): XLA computes the step
