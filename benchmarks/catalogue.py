@@ -73,6 +73,16 @@ CATALOGUE = {
     "yogi": (lambda: O.yogi(1e-2), lambda: optax.yogi(1e-2)),
 }
 
+#: Other options of the catalogue's optimizers, run only when named (``--recipes adam/b1=0.5``): each a case where
+#: the option changes the program. A decay of 0.5 makes both weights of a moving average the same number, which
+#: XLA factors out (updax.updates._kernels.complement): DCGAN's Adam.
+OPTIONS = {
+    "adam/b1=0.5": (lambda: O.adam(2e-4, b1=0.5, eps_root=0.0), lambda: optax.adam(2e-4, b1=0.5)),
+}
+
+#: The pairs of both tables, by name.
+ALL = {**CATALOGUE, **OPTIONS}
+
 #: The optimizers left out, and why: their ``update`` needs more than the gradients, the state and the params.
 LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
@@ -88,5 +98,5 @@ LAGGED = {"rprop"}
 def same_numbers(name, params):
     """The largest difference between the two sides' params after 3 donated jitted steps, relative to the
     largest change optax made to that leaf (``run.check_equal``)."""
-    steps = [(run.make_step(opt), opt.init(params)) for opt in (make() for make in CATALOGUE[name])]
+    steps = [(run.make_step(opt), opt.init(params)) for opt in (make() for make in ALL[name])]
     return run.check_equal(steps, params)

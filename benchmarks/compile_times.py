@@ -132,16 +132,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small workloads, 3 rounds (a smoke run)")
     parser.add_argument("--catalogue", action="store_true",
-                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes")
+                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes; "
+                             "--recipes may also name its OPTIONS (adam/b1=0.5)")
     parser.add_argument("--workloads", default=None, help="of T, S, B (S: 20-170 s a compile); default T,B "
                                                           "(with --catalogue: T)")
     parser.add_argument("--recipes", default=None, help="default: all of them")
     parser.add_argument("--rounds", type=int, default=None, help="default 7 (--catalogue 3, --quick 3)")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    table = catalogue.CATALOGUE if args.catalogue else run.RECIPES
+    table = catalogue.ALL if args.catalogue else run.RECIPES  # (by default catalogue.CATALOGUE's, not its OPTIONS)
     args.workloads = args.workloads or ("T" if args.catalogue else "T,B")
-    args.recipes = args.recipes or ",".join(table)
+    args.recipes = args.recipes or ",".join(catalogue.CATALOGUE if args.catalogue else table)
     check_choices(parser, args, ("T", "S", "B"), table)
     rounds = args.rounds if args.rounds is not None else (3 if args.quick or args.catalogue else 7)
     data = run.workloads(args.quick)

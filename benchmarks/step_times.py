@@ -98,7 +98,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small workloads, 3 rounds of 3 calls (a smoke run)")
     parser.add_argument("--catalogue", action="store_true",
-                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes")
+                        help="every optimizer beside optax's (catalogue.py) instead of run.py's recipes; "
+                             "--recipes may also name its OPTIONS (adam/b1=0.5)")
     parser.add_argument("--workloads", default=None, help="of T, S, B, train (S: 20-170 s a compile); default all "
                                                           "(with --catalogue: T; train takes run.py's recipes only)")
     parser.add_argument("--recipes", default=None, help="default: all of them")
@@ -106,9 +107,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None, help="timed calls a side per round")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    table = catalogue.CATALOGUE if args.catalogue else run.RECIPES
+    table = catalogue.ALL if args.catalogue else run.RECIPES  # (by default catalogue.CATALOGUE's, not its OPTIONS)
     args.workloads = args.workloads or ("T" if args.catalogue else ",".join(WORKLOADS))
-    args.recipes = args.recipes or ",".join(table)
+    args.recipes = args.recipes or ",".join(catalogue.CATALOGUE if args.catalogue else table)
     check_choices(parser, args, WORKLOADS[:3] if args.catalogue else WORKLOADS, table)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")

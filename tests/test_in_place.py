@@ -345,3 +345,89 @@ def test_a_step_with_an_effect_is_traced_once():
     assert copies(opt, params()) == [] and temporaries(opt, params()) >= size
     plain = ux.scale_by_rms(0.99, eps_in_sqrt=False, bias_correction=True).scale_by_learning_rate(1e-3).schedule_free(1e-3)
     assert temporaries(plain, params()) < 64 * 128 * 4  # (without the callback it is traced again)
+
+
+#: Options that are an exponential moving average's decay, each at 0.5: the weights of the old and the new value
+#: are then the same number, which XLA's simplifier factors out (updax.updates._kernels.complement). These are
+#: all the options named b1, b2, b3, beta, decay or momentum of updax.optimizers whose step copied state at 0.5
+#: and not at 0.25 (32 of 20 optimizers) before the weights were kept apart.
+HALF = [("adabelief", "b1"), ("adam", "b1"), ("adam", "b2"), ("adamw", "b1"), ("adamw", "b2"), ("lamb", "b1"),
+        ("lamb", "b2"), ("radam", "b1"), ("radam", "b2"), ("rmsprop", "decay"), ("yogi", "b1"),
+        ("adafactor", "momentum"), ("adamax", "b1"), ("adamaxw", "b1"), ("adan", "b1"), ("adan", "b2"),
+        ("adan", "b3"), ("amsgrad", "b1"), ("amsgrad", "b2"), ("muon", "beta"), ("nadam", "b1"), ("nadam", "b2"),
+        ("nadamw", "b1"), ("nadamw", "b2"), ("optimistic_adam", "b1"), ("optimistic_adam", "b2"),
+        ("ademamix", "b1"), ("ademamix", "b2"), ("ademamix", "b3"), ("simplified_ademamix", "b2"),
+        ("schedule_free_adamw", "b2"), ("sm3", "momentum")]
+
+
+def _factored(monkeypatch):
+    """The weights as plain numbers again, which XLA factors: ``0.5·(old + new)``."""
+    from updax.updates import _kernels, _moving_averages
+    for module in (_kernels, _moving_averages):
+        monkeypatch.setattr(module, "complement", lambda decay, like, dtype=None: 1 - decay)
+
+
+@pytest.mark.parametrize(("name", "option"), HALF, ids=[f"{n}-{o}" for n, o in HALF])
+def test_a_decay_of_one_half_is_not_factored_so_the_state_is_written_in_place(name, option, monkeypatch):
+    """At 0.5, XLA folds the common weight of ``0.5·old + 0.5·new`` into the params' kernel, which then recomputes
+    the new average from the old one and XLA copies the old one on every step. Kept apart, no copy, and the
+    same numbers as the factored form's and the eager step's, to rounding: the halves are exact, but XLA may
+    round a sum inside the factored form apart (a second moment's ``v + g²``: a few elements an ulp apart)."""
+    opt = getattr(ux.optimizers, name)(1e-2, **{option: 0.5})
+
+    def run(step):
+        p, s = params(), opt.init(params())
+        for t in range(3):
+            p, s = step(p, s, grads_like(params(), t))
+        return p, s
+
+    def eager(p, s, g):
+        updates, s = opt.update(g, s, p)
+        return ux.apply_updates(p, updates), s
+
+    # No copy but those the step makes at any decay: SM3's of the two small accumulators of one leaf.
+    elsewhere = copies(getattr(ux.optimizers, name)(1e-2, **{option: 0.25}), params())
+    assert elsewhere == ([] if name != "sm3" else ["32", "16"])
+    assert copies(opt, params()) == elsewhere
+    apart = run(step_fn(opt))
+    stepwise = run(eager)
+    _factored(monkeypatch)
+    assert len(copies(opt, params())) > len(elsewhere)  # (the counter-case: factored, the old average is copied)
+    factored = run(step_fn(opt))
+    for a, b, c in zip(jax.tree.leaves(apart), jax.tree.leaves(factored), jax.tree.leaves(stepwise)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-6)  # (eager rounds apart too: params of scale 1)
+
+
+def test_optax_copies_at_one_half_and_updax_follows_it():
+    """DCGAN's ``adam(b1=0.5)`` and the catalogue's ``adan(b2=0.5)``: optax's steps copy the moments; updax's
+    do not, and take optax's steps (10 of them, jitted)."""
+    for ours, theirs in [(ux.optimizers.adam(1e-2, b1=0.5), optax.adam(1e-2, b1=0.5)),
+                         (ux.optimizers.adan(1e-2, b2=0.5), optax.adan(1e-2, b2=0.5))]:
+        assert copies(theirs, params(), optax.apply_updates)
+        assert copies(ours, params()) == []
+        (p, s), (q, r) = (params(), ours.init(params())), (params(), theirs.init(params()))
+        step, their_step = step_fn(ours), step_fn(theirs, optax.apply_updates)
+        for t in range(10):
+            p, s = step(p, s, grads_like(params(), t))
+            q, r = their_step(q, r, grads_like(params(), t))
+        for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q)):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_the_weight_is_hidden_only_where_it_would_be_factored():
+    from updax.updates._kernels import complement
+    x = jnp.ones(3)
+    assert complement(0.9, x) == pytest.approx(0.1) and complement(0.5, x) == 0.5  # (eager: numbers)
+    seen = {}
+
+    @jax.jit
+    def f(x, b):
+        seen["half"], seen["other"], seen["traced"] = complement(0.5, x), complement(0.25, x), complement(b, x)
+        return x
+
+    f(x, 0.5)
+    assert isinstance(seen["half"], jax.core.Tracer) and seen["half"].dtype == x.dtype
+    assert seen["other"] == 0.75 and isinstance(seen["traced"], jax.core.Tracer)  # (a traced decay: 1 - b, as is)
+    assert "optimization_barrier" in str(jax.make_jaxpr(lambda x: complement(0.5, x))(x))
+    assert "optimization_barrier" not in str(jax.make_jaxpr(lambda x, b: complement(b, x))(x, 0.5))

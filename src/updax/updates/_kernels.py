@@ -15,6 +15,7 @@ whose rule needs an ordering or a sign rejects complex updates with
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -231,7 +232,27 @@ def _safe_sqrt_jvp(primals, tangents):
 
 def moment(decay: Any, old: jax.Array, new: jax.Array) -> jax.Array:
     """An exponential moving average's step: ``decay·old + (1 - decay)·new``."""
-    return add(mul(decay, old), mul(1 - decay, new))
+    return add(mul(decay, old), mul(complement(decay, new), new))
+
+
+def complement(decay: Any, like: Any, dtype: Any = None) -> Any:
+    """``1 - decay``, the weight of the new value in an exponential moving average; where it equals ``decay``
+    (``0.5``) and ``like`` (an array or a tree) is traced for the CPU, a scalar of ``dtype`` (default:
+    ``like``'s) that XLA cannot see through.
+
+    XLA's simplifier writes ``0.5·old + 0.5·new`` as ``0.5·(old + new)`` and then folds that ``0.5`` into the
+    scalar a reader multiplies the new average by (Adam's ``m / (1 - b1^t)``). The params' kernel then holds
+    no copy of the new average to read: it recomputes it from the old one, which it reads after the kernel
+    that writes the new average into the same buffer, and XLA copies the old average on every step (as in
+    optax's step; DCGAN's ``adam(b1=0.5)``, ``adan(b2=0.5)``). Behind an optimization barrier the two
+    weights are two values to the simplifier, and the step is the eager step's ``0.5·old + 0.5·new``: the
+    same numbers as the factored form but where ``old + new`` overflows or the halves fall below the
+    normal range.
+    """
+    keep = 1 - decay
+    if isinstance(decay, numbers.Real) and keep == decay and _tree.traced_for_cpu(like):
+        return jax.lax.optimization_barrier(jnp.asarray(keep, like.dtype if dtype is None else dtype))
+    return keep
 
 
 def bias_corrections(count: jax.Array, *decays: Any) -> tuple[jax.Array, ...]:
@@ -336,7 +357,7 @@ def warmed_up(decay: Any, count: jax.Array, decay_min: bool) -> jax.Array:
 def blend(average: jax.Array, value: jax.Array, keep: jax.Array, take: jax.Array) -> jax.Array:
     """``keep·average + take·value`` in at least float32, stored in ``average``'s dtype."""
     c = _tree.compute_dtype(average.dtype, value.dtype)
-    return (keep.astype(c) * average.astype(c) + take.astype(c) * value.astype(c)).astype(average.dtype)
+    return (jnp.asarray(keep, c) * average.astype(c) + jnp.asarray(take, c) * value.astype(c)).astype(average.dtype)
 
 
 def filled(call: str, like: Any, init: Any, dtype: Any) -> Any:
