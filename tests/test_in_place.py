@@ -364,7 +364,8 @@ def _factored(monkeypatch):
     """The weights as plain numbers again, which XLA factors: ``0.5·(old + new)``."""
     from updax.updates import _kernels, _moving_averages
     for module in (_kernels, _moving_averages):
-        monkeypatch.setattr(module, "complement", lambda decay, like, dtype=None: 1 - decay)
+        monkeypatch.setattr(module, "complement",
+                            lambda decay, like, dtype=None, default=None: 1 - decay if default is None else default)
 
 
 @pytest.mark.parametrize(("name", "option"), HALF, ids=[f"{n}-{o}" for n, o in HALF])

@@ -235,10 +235,10 @@ def moment(decay: Any, old: jax.Array, new: jax.Array) -> jax.Array:
     return add(mul(decay, old), mul(complement(decay, new), new))
 
 
-def complement(decay: Any, like: Any, dtype: Any = None) -> Any:
-    """``1 - decay``, the weight of the new value in an exponential moving average; where it equals ``decay``
-    (``0.5``) and ``like`` (an array or a tree) is traced for the CPU, a scalar of ``dtype`` (default:
-    ``like``'s) that XLA cannot see through.
+def complement(decay: Any, like: Any, dtype: Any = None, default: Any = None) -> Any:
+    """``1 - decay`` (or ``default``), the weight of the new value in an exponential moving average; where it
+    equals ``decay`` (``0.5``) and ``like`` (an array or a tree) is traced for the CPU, a scalar of ``dtype``
+    (default: ``like``'s) that XLA cannot see through.
 
     XLA's simplifier writes ``0.5·old + 0.5·new`` as ``0.5·(old + new)`` and then folds that ``0.5`` into the
     scalar a reader multiplies the new average by (Adam's ``m / (1 - b1^t)``). The params' kernel then holds
@@ -249,10 +249,9 @@ def complement(decay: Any, like: Any, dtype: Any = None) -> Any:
     same numbers as the factored form but where ``old + new`` overflows or the halves fall below the
     normal range.
     """
-    keep = 1 - decay
-    if isinstance(decay, numbers.Real) and keep == decay and _tree.traced_for_cpu(like):
-        return jax.lax.optimization_barrier(jnp.asarray(keep, like.dtype if dtype is None else dtype))
-    return keep
+    if isinstance(decay, numbers.Real) and 1 - decay == decay and _tree.traced_for_cpu(like):
+        return jax.lax.optimization_barrier(jnp.asarray(1 - decay, like.dtype if dtype is None else dtype))
+    return 1 - decay if default is None else default
 
 
 def bias_corrections(count: jax.Array, *decays: Any) -> tuple[jax.Array, ...]:
@@ -357,7 +356,7 @@ def warmed_up(decay: Any, count: jax.Array, decay_min: bool) -> jax.Array:
 def blend(average: jax.Array, value: jax.Array, keep: jax.Array, take: jax.Array) -> jax.Array:
     """``keep·average + take·value`` in at least float32, stored in ``average``'s dtype."""
     c = _tree.compute_dtype(average.dtype, value.dtype)
-    return (jnp.asarray(keep, c) * average.astype(c) + jnp.asarray(take, c) * value.astype(c)).astype(average.dtype)
+    return (keep.astype(c) * average.astype(c) + take.astype(c) * value.astype(c)).astype(average.dtype)
 
 
 def filled(call: str, like: Any, init: Any, dtype: Any) -> Any:
