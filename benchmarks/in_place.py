@@ -4,6 +4,7 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
 
     python benchmarks/in_place.py            # the transformer-like workload T, about 5 minutes on 2 cores
     python benchmarks/in_place.py --quick    # a small T, a smoke run
+    python benchmarks/in_place.py --wrapped  # such stages inside masked, partition, ... (in_place_wrapped.*)
 
 For each optimizer whose pipeline has a stage that declares ``state_last``
 (updax._in_place), that computes a state field once before the params'
@@ -46,6 +47,32 @@ OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "adopt": optax.contri
          "schedule_free_adamw": optax.contrib.schedule_free_adamw}
 
 
+def _matrices(params):
+    """True for the leaves of two or more axes (the matrices), False for the layer norms' vectors."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _groups(params):
+    return jax.tree.map(lambda p: "matrices" if p.ndim >= 2 else "vectors", params)
+
+
+#: Wrappers around a stage that declares ``state_last``, with optax's same pipeline: named with --optimizers (or
+#: --wrapped for all of them). Inside a wrapper the inner stage's field is ordered after the param its leaf
+#: belongs to (updax._in_place._ordered_stage); unordered is how updax compiled them before.
+WRAPPED = {
+    "masked(lion)": (lambda lr: ux.masked(ux.optimizers.lion(lr), _matrices),
+                     lambda lr: optax.masked(optax.lion(lr), _matrices)),
+    "partition(lion,adam)": (lambda lr: ux.partition({"matrices": ux.optimizers.lion(lr),
+                                                      "vectors": ux.optimizers.adam(lr)}, _groups),
+                             lambda lr: optax.partition({"matrices": optax.lion(lr), "vectors": optax.adam(lr)},
+                                                        _groups)),
+    "accumulate_gradients(lion,4)": (lambda lr: ux.accumulate_gradients(ux.optimizers.lion(lr), 4),
+                                     lambda lr: optax.MultiSteps(optax.lion(lr), 4)),
+    "apply_if_finite(lion)": (lambda lr: ux.apply_if_finite(ux.optimizers.lion(lr)),
+                              lambda lr: optax.apply_if_finite(optax.lion(lr), 5)),
+}
+
+
 #: The optimizers whose stage computes a state field once, before the params' kernel (_in_place.computed_once).
 COMPUTED_ONCE = ["cocob"]
 #: The optimizers whose stage traces a step a second time for the params' kernel (_in_place.recomputing).
@@ -79,8 +106,8 @@ def _itself(x):
 
 def case(name, params, repeats):
     grads = run.grads_like(params, 0)
-    ordered = getattr(ux.optimizers, name)(1e-3)
-    theirs = OPTAX[name](1e-3)
+    ours, theirs = WRAPPED[name] if name in WRAPPED else (getattr(ux.optimizers, name), OPTAX[name])
+    ordered, theirs = ours(1e-3), theirs(1e-3)
     sides = {}
     after_params, after_reading, computed_once, recomputed = (_in_place.after_params, _in_place.after_reading,
                                                               _in_place.computed_once, _in_place.recomputed)
@@ -162,17 +189,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small T, few repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--optimizers", default=None, help="a comma-separated subset (default: every one)")
+    parser.add_argument("--optimizers", default=None, help="a comma-separated subset (default: every one), or "
+                                                           "of the wrapped cases (WRAPPED: 'masked(lion)', ...)")
+    parser.add_argument("--wrapped", action="store_true", help="the wrapped cases instead (results: in_place_wrapped.*)")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 15)
     params = run.transformer_like(layers=4, d=128) if args.quick else run.transformer_like()
-    names = declaring() + COMPUTED_ONCE + RECOMPUTED if args.optimizers is None else args.optimizers.split(",")
+    names = (list(WRAPPED) if args.wrapped else declaring() + COMPUTED_ONCE + RECOMPUTED) if args.optimizers is None \
+        else args.optimizers.split(",")
     rows = [case(name, params, repeats) for name in names]
     result = {**run.environment(), "repeats": repeats, "quick": args.quick,
               "params": int(sum(x.size for x in jax.tree.leaves(params))), "leaves": len(jax.tree.leaves(params)),
               "rows": rows, "step_ratio_median": statistics.median(r["step_ratio"] for r in rows)}
-    run.write_results(args.out, "in_place", result, markdown(result))
+    run.write_results(args.out, "in_place_wrapped" if args.wrapped else "in_place", result, markdown(result))
     return result
 
 

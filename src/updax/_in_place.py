@@ -33,6 +33,14 @@ is added (tests/sharding_checks.py, ``zero1_lion``). Applied
 otherwise (``p - lr·u`` with donated params), ``q`` is computed from the old
 params, which XLA then copies instead: that form gains nothing here.
 
+Inside a wrapper (``masked``, ``partition``, ``accumulate_gradients``,
+``apply_if_finite``, ...) the wrapper's updates are the ones added to the
+params, and an inner stage's field is ordered the same way, each leaf after
+the param it belongs to (``masked`` and ``partition`` give their inner
+pipelines the params with None for the leaves left out, so their inner
+state is shaped like the params but for those). A field not shaped like
+the params (``flat_state``'s joined buffers) is left in XLA's order.
+
 A step traced for another backend keeps XLA's own order (XLA for GPUs
 writes both from one kernel), and an eager step has no schedule to order.
 """
@@ -54,8 +62,9 @@ __all__ = ["after_params", "after_reading", "computed_once", "recomputed", "reco
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
-    """``new`` with each ``state_last`` field of each stage written after the params' update (see the module)."""
-    if not any(stage.state_last for stage in stages):
+    """``new`` with each ``state_last`` field of each stage written after the params' update (see the module),
+    the fields of the stages inside a wrapper (``masked``, ``partition``, ``accumulate_gradients``, ...) too."""
+    if not any(_declares(stage) for stage in stages):
         return new
     for stage, n in zip(stages, new):  # (whether or not they are ordered here: a misnamed field fails everywhere)
         if stage.state_last:
@@ -65,8 +74,59 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
     sums = [_new_param(p, u) for p, u in zip(ps, treedef.flatten_up_to(updates))]
-    return tuple(_ordered(stage, o, n, treedef, ps, sums) if stage.state_last else n
+    return _ordered_pipeline(stages, old, new, treedef, ps, sums, nested=False)
+
+
+def _declares(stage: Stage) -> bool:
+    """Whether the stage, or a stage of a pipeline it wraps, declares ``state_last``."""
+    return bool(stage.state_last) or any(_declares(s) for pipeline in _wrapped(stage).values() for s in pipeline.stages)
+
+
+def _wrapped(stage: Stage) -> dict[Any, Any]:
+    """The pipelines the stage runs inside it, by where their state is in its own: ``wraps``'s as the ``inner``
+    field, a dict of pipelines (``partition``'s) by key of an ``inner`` dict."""
+    if stage.wraps is not None:
+        return {None: stage.option(stage.wraps)}
+    for _, value in stage.options:
+        if isinstance(value, dict) and value and all(hasattr(v, "stages") for v in value.values()):
+            return dict(value)
+    return {}
+
+
+def _ordered_pipeline(stages: Sequence[Stage], old: tuple, new: tuple, treedef: Any, params: list, sums: list,
+                      nested: bool) -> tuple:
+    return tuple(_ordered_stage(stage, o, n, treedef, params, sums, nested) if _declares(stage) else n
                  for stage, o, n in zip(stages, old, new))
+
+
+def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list, sums: list, nested: bool) -> Any:
+    """The stage's new state with its own ``state_last`` fields ordered, and those of the pipelines it wraps.
+
+    Inside a wrapper the final updates are the wrapper's, and a field of an inner stage is ordered after the
+    param its leaf belongs to: the inner state of ``masked`` and ``partition`` is shaped like the params with
+    None for the leaves left out. A field shaped otherwise (``flat_state``'s joined buffers) is left in XLA's
+    order, as is one inside a wrapper whose state has no ``inner`` field.
+    """
+    if isinstance(new, ScheduledState) and stage.in_state:
+        return new._replace(state=_ordered_stage(stage, old.state, new.state, treedef, params, sums, nested))
+    if stage.state_last:
+        try:
+            new = _ordered(stage, old, new, treedef, params, sums)
+        except ValueError:
+            if not nested:
+                raise
+    pipelines = _wrapped(stage)
+    inner_old, inner_new = getattr(old, "inner", None), getattr(new, "inner", None)
+    if not pipelines or not hasattr(new, "_replace") or inner_new is None:
+        return new
+    if None in pipelines and isinstance(inner_new, tuple):
+        ordered = _ordered_pipeline(pipelines[None].stages, inner_old, inner_new, treedef, params, sums, True)
+    elif isinstance(inner_new, dict) and inner_new.keys() == pipelines.keys():
+        ordered = {key: _ordered_pipeline(pipelines[key].stages, inner_old[key], inner_new[key], treedef, params,
+                                          sums, True) for key in inner_new}
+    else:
+        return new
+    return new._replace(inner=ordered)
 
 
 def _new_param(p: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array] | None:
@@ -115,7 +175,8 @@ def _after(old: jax.Array, new: jax.Array, param: jax.Array,
     shaped otherwise than the param or not floating is left alone. What the select reads is placed like ``new``
     (on an explicit mesh a select needs it), which it already is when the state is split like the updates
     (ZeRO-1's state and updates both are)."""
-    if summed is None or new is old or new.shape != param.shape or not jnp.issubdtype(new.dtype, jnp.floating):
+    if (summed is None or new is None or new is old or new.shape != param.shape
+            or not jnp.issubdtype(new.dtype, jnp.floating)):
         return new
     q, never = summed
     never_taken = _tree.place_like(q, new) if q.dtype == new.dtype else jax.lax.neg(new)
