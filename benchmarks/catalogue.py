@@ -73,11 +73,14 @@ CATALOGUE = {
     "yogi": (lambda: O.yogi(1e-2), lambda: optax.yogi(1e-2)),
 }
 
-#: Other options of the catalogue's optimizers, run only when named (``--recipes adam/b1=0.5``): each a case where
-#: the option changes the program. A decay of 0.5 makes both weights of a moving average the same number, which
+#: Other options of the catalogue's optimizers, and wrappers around them, run only when named (``--recipes
+#: adam/b1=0.5``): each a case where the option changes the program. A decay of 0.5 makes both weights of a moving average the same number, which
 #: XLA factors out (updax.updates._kernels.complement): DCGAN's Adam.
 OPTIONS = {
     "adam/b1=0.5": (lambda: O.adam(2e-4, b1=0.5, eps_root=0.0), lambda: optax.adam(2e-4, b1=0.5)),
+    # Mixed-precision training's skip of non-finite steps (optax's apply_if_finite checks the output only).
+    "adam/apply_if_finite": (lambda: ux.apply_if_finite(O.adam(1e-3, eps_root=0.0), 5),
+                             lambda: optax.apply_if_finite(optax.adam(1e-3), 5)),
 }
 
 #: The pairs of both tables, by name.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -20,6 +21,13 @@ from updax.updates._clipping import global_norm
 def _count_not_finite(tree) -> jax.Array:
     counts = [jnp.sum(~jnp.isfinite(x)).astype(jnp.int32) for x in jax.tree.leaves(tree)]
     return sum(counts, jnp.zeros([], jnp.int32))
+
+
+def _all_finite(tree) -> jax.Array:
+    """Whether every element of ``tree`` is finite: an ``and`` of booleans, which XLA reduces through a byte per
+    element where a count goes through a 32-bit integer."""
+    return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)],
+                            jnp.ones([], bool))
 
 
 def skip_not_finite(updates: PyTree, gradient_step: ArrayLike,
@@ -101,12 +109,11 @@ def _init_apply_if_finite(params, *, inner):
 
 def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_errors, **extra):
     out, inner_state = inner.update(updates, state.inner, params, **extra)
-    finite = (_count_not_finite(updates) == 0) & (_count_not_finite(out) == 0)
+    finite = _all_finite(updates) & _all_finite(out)
     notfinite_count = jnp.where(finite, 0, _tree.safe_increment(state.notfinite_count))
     apply = finite | (notfinite_count > max_consecutive_errors)
-    zeros = jax.tree.map(_tree.zeros_like, out)
-    out, inner_state = jax.lax.cond(apply, lambda o: o[0], lambda o: o[1],
-                                    ((out, inner_state), (zeros, state.inner)))
+    out = jax.tree.map(lambda u: jnp.where(apply, u, _tree.zeros_like(u)), out)
+    inner_state = jax.tree.map(lambda new, old: jax.lax.select(apply, new, old), inner_state, state.inner)
     total = jnp.where(finite, state.total_notfinite, _tree.safe_increment(state.total_notfinite))
     return out, ApplyIfFiniteState(inner=inner_state, notfinite_count=notfinite_count.astype(jnp.int32),
                                    last_finite=finite, total_notfinite=total)
