@@ -74,15 +74,17 @@ CATALOGUE = {
 }
 
 #: Other options of the catalogue's optimizers, and wrappers around them, run only when named (``--recipes
-#: adam/b1=0.5``): each a case where the option changes the program. A decay of 0.5 makes both weights of a moving average the same number, which
-#: XLA factors out (updax.updates._kernels.complement): DCGAN's Adam.
+#: adam/b1=0.5``): each a case where the option changes the program.
 OPTIONS = {
+    # DCGAN's Adam. A decay of 0.5 makes both weights of a moving average the same number, which XLA factors out
+    # (updax.updates._kernels.complement).
     "adam/b1=0.5": (lambda: O.adam(2e-4, b1=0.5, eps_root=0.0), lambda: optax.adam(2e-4, b1=0.5)),
-    # Mixed-precision training's skip of non-finite steps (optax's apply_if_finite checks the output only).
     # Gradient accumulation: the inner step on every 3rd call, zeros otherwise (optax's MultiSteps); 3, so that
     # same_numbers' 3 steps include one that updates.
     "adam/accumulate_gradients": (lambda: ux.accumulate_gradients(O.adam(1e-3, eps_root=0.0), 3),
                                   lambda: optax.MultiSteps(optax.adam(1e-3), 3)),
+    # Mixed-precision training's skip of non-finite steps (optax's checks the gradients only, updax's the
+    # pipeline's output too).
     "adam/apply_if_finite": (lambda: ux.apply_if_finite(O.adam(1e-3, eps_root=0.0), 5),
                              lambda: optax.apply_if_finite(optax.adam(1e-3), 5)),
 }

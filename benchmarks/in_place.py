@@ -191,7 +191,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--optimizers", default=None, help="a comma-separated subset (default: every one), or "
                                                            "of the wrapped cases (WRAPPED: 'masked(lion)', ...)")
-    parser.add_argument("--wrapped", action="store_true", help="the wrapped cases instead (results: in_place_wrapped.*)")
+    parser.add_argument("--wrapped", action="store_true",
+                        help="the wrapped cases instead (results: in_place_wrapped.*)")
     parser.add_argument("--out", default=str(run.ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 15)

@@ -269,6 +269,20 @@ def test_a_stage_inside_a_wrapper_is_ordered_after_the_param_its_leaf_belongs_to
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_wrong_field_inside_a_wrapper_is_named(monkeypatch):
+    """A stage's misnamed state_last field fails inside a wrapper as it does outside, eagerly and jitted."""
+    stage = ux.stateful(_pair_init, _pair_apply, name="pair_misnamed_in_wrapper", state_last=("b",))
+    p = params()
+    for opt in (ux.masked(stage, _matrices), ux.partition({"x": stage, "y": ux.optimizers.sgd(1e-2)}, _matrices_labelled)):
+        for update in (opt.update, jax.jit(opt.update)):
+            with pytest.raises(ValueError, match=r"pair_misnamed_in_wrapper: state_last names \['b'\]"):
+                update(grads_like(p, 0), opt.init(p), p)
+
+
+def _matrices_labelled(tree):
+    return jax.tree.map(lambda x: "x" if x.ndim >= 2 else "y", tree)
+
+
 def test_optax_copies_inside_its_wrappers():
     """The counter-case in optax: its masked Lion and its partition copy the momentum of every leaf Lion runs on."""
     labels = lambda p: jax.tree.map(lambda x: "m" if x.ndim >= 2 else "v", p)  # noqa: E731
@@ -506,5 +520,6 @@ def test_apply_if_finite_selects_rather_than_store_its_outputs_apart():
     bad = jax.tree.map(lambda x: x * jnp.nan, grads_like(p, 0))
     state = opt.init(p)
     new_p, new_state = step_fn(opt)(p, state, bad)  # (a dropped step: params and inner state as they were)
-    for a, b in zip(jax.tree.leaves((new_p, new_state[0].inner)), jax.tree.leaves((params(), opt.init(params())[0].inner))):
+    before = (params(), opt.init(params())[0].inner)
+    for a, b in zip(jax.tree.leaves((new_p, new_state[0].inner)), jax.tree.leaves(before)):
         np.testing.assert_array_equal(a, b)

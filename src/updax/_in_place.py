@@ -67,8 +67,7 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
     if not any(_declares(stage) for stage in stages):
         return new
     for stage, n in zip(stages, new):  # (whether or not they are ordered here: a misnamed field fails everywhere)
-        if stage.state_last:
-            _check_fields(stage, _own(stage, n))
+        _check_declared(stage, n)
     if not _tree.traced_for_cpu(updates):
         return new
     treedef = jax.tree.structure(params)
@@ -77,9 +76,23 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
     return _ordered_pipeline(stages, old, new, treedef, ps, sums, nested=False)
 
 
+def _check_declared(stage: Stage, state: Any) -> None:
+    """:func:`_check_fields` for the stage and the stages of the pipelines it wraps."""
+    own = _own(stage, state)
+    if stage.state_last:
+        _check_fields(stage, own)
+    inner = getattr(own, "inner", None)
+    for key, pipeline in _wrapped(stage).items():
+        states = inner if key is None else inner.get(key) if isinstance(inner, dict) else None
+        if isinstance(states, tuple):
+            for inner_stage, inner_state in zip(pipeline.stages, states):
+                _check_declared(inner_stage, inner_state)
+
+
 def _declares(stage: Stage) -> bool:
     """Whether the stage, or a stage of a pipeline it wraps, declares ``state_last``."""
-    return bool(stage.state_last) or any(_declares(s) for pipeline in _wrapped(stage).values() for s in pipeline.stages)
+    return bool(stage.state_last) or any(_declares(inner) for pipeline in _wrapped(stage).values()
+                                         for inner in pipeline.stages)
 
 
 def _wrapped(stage: Stage) -> dict[Any, Any]:
@@ -112,7 +125,7 @@ def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list,
     if stage.state_last:
         try:
             new = _ordered(stage, old, new, treedef, params, sums)
-        except ValueError:
+        except ValueError:  # (a field not shaped like the params: refused at the top, left alone inside)
             if not nested:
                 raise
     pipelines = _wrapped(stage)
