@@ -229,11 +229,17 @@ def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
     values = list(values)
     if not _tree.traced_for_cpu(values):
         return values
-    ones = {}
-    for x in values:
-        if x.dtype not in ones:
-            ones[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
-    return [jax.lax.div(x, ones[x.dtype]) for x in values]
+    ones: dict = {}
+    return [_over_one(x, ones) for x in values]
+
+
+def _over_one(x: jax.Array, ones: dict) -> jax.Array:
+    """``x / 1``, the 1 of ``x``'s dtype taken from ``ones``, where it is made behind an optimization barrier the
+    first time that dtype is asked for (one 1 per dtype per call of :func:`computed_once`, per second trace of
+    :func:`recomputing`)."""
+    if x.dtype not in ones:
+        ones[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
+    return jax.lax.div(x, ones[x.dtype])
 
 
 #: Inside :func:`recomputing`: the barrier'd 1 of each dtype marked so far (and so whether any value was marked).
@@ -270,13 +276,7 @@ def recomputed(tree: Any) -> Any:
     marks = _RECOMPUTING.get()
     if marks is None or not _tree.traced_for_cpu(tree):
         return tree
-
-    def mark(x):
-        if x.dtype not in marks:
-            marks[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
-        return jax.lax.div(x, marks[x.dtype])
-
-    return jax.tree.map(mark, tree)
+    return jax.tree.map(lambda x: _over_one(x, marks), tree)
 
 
 def traced_again(fn: Callable[[], Any]) -> Any:

@@ -52,7 +52,9 @@ def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previou
         keep = jnp.where(total_weight > 0, b * state.total_weight / safe, 1.0)
         take = jnp.where(total_weight > 0, (1.0 - b) / safe, 0.0)
     else:
-        keep, take = b, (1.0 - b if decay_min else complement(decay, updates, b.dtype, default=1.0 - b))
+        keep, take = b, 1.0 - b
+        if not decay_min:  # (with decay_min the weight is min(decay, (1 + t)/(10 + t)), traced: never factored)
+            take = complement(decay, updates, b.dtype, default=take)
     ema = _tree.tree_map("ema", lambda m, x: blend(m, x, keep, take), state.ema, updates,
                          names=("state.ema", "updates"))
     out = jax.tree.map(lambda average, value: average.astype(value.dtype), ema, updates)
