@@ -523,3 +523,122 @@ def test_apply_if_finite_selects_rather_than_store_its_outputs_apart():
     before = (params(), opt.init(params())[0].inner)
     for a, b in zip(jax.tree.leaves((new_p, new_state[0].inner)), jax.tree.leaves(before)):
         np.testing.assert_array_equal(a, b)
+
+
+def _check_once(monkeypatch):
+    """Switches apply_if_finite's second trace off: the check then reads the inner step's own result."""
+    monkeypatch.setattr(_in_place, "traced_apart", lambda fn, *trees: None)
+
+
+def test_apply_if_finite_checks_an_elementwise_step_computed_again_and_writes_the_state_in_place(monkeypatch):
+    """Around an elementwise rule (Adam) the check reads the step traced a second time, which XLA recomputes
+    inside the check's kernels; the inner state is ordered after the params, so the params' kernel recomputes it
+    too and each state kernel writes in place. Temporaries: the finiteness masks (a byte an element). Each
+    counter-case keeps more: without the second trace XLA stores the step and the new moments (three times the
+    params' bytes), without the order it copies both moments."""
+    opt = ux.apply_if_finite(ux.optimizers.adam(1e-2))
+    size = sum(x.size * 4 for x in jax.tree.leaves(params()))
+    assert copies(opt, params()) == []
+    assert temporaries(opt, params()) < size / 2
+    assert "optimization_barrier" in lowered(opt, params())
+    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    assert sorted(copies(opt, params())) == ["128", "128", "32,16", "32,16", "64,128", "64,128"]
+    monkeypatch.undo()
+    _check_once(monkeypatch)
+    assert copies(opt, params()) == [] and temporaries(opt, params()) >= 3 * size
+
+
+def _apply_if_finite_run(opt, steps):
+    p, s = params(), opt.init(params())
+    step, seen = step_fn(opt), []
+    for g in steps:
+        p, s = step(p, s, g)
+        seen.append(jax.tree.map(np.asarray, (p, s)))  # (the step donates its arguments)
+    return seen
+
+
+#: Per inner rule, what apply_if_finite(rule, 1) records after each of the steps below: (last_finite,
+#: total_notfinite). A gradient of 1e38 overflows momentum SGD's step (times 10), a step finite in and not out,
+#: dropped; Adam's second moment overflows instead and its step m / sqrt(inf) is 0, finite, applied. The infinity
+#: of the last step comes after a NaN, more than max_consecutive_errors=1 in a row: applied anyway.
+DROPS = {"sgd": [(False, 1), (True, 1), (False, 2), (False, 3)],
+         "adam": [(True, 0), (True, 0), (False, 1), (False, 2)]}
+
+
+@pytest.mark.parametrize("inner", sorted(DROPS))
+def test_apply_if_finite_drops_the_same_steps_with_its_check_computed_again(inner, monkeypatch):
+    """The same steps dropped as when the check reads the inner step's own result, and the same numbers to
+    rounding (XLA fuses the step computed again otherwise); a dropped step leaves the params and the inner state
+    bit for bit."""
+    rule = ux.optimizers.sgd(10.0, momentum=0.9) if inner == "sgd" else ux.scale_by_adam().scale(-1e-2)
+    opt = ux.apply_if_finite(rule, 1)
+    g = grads_like(params(), 0)
+    steps = [{**g, "w": g["w"].at[3, 5].set(1e38)}, g, jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), g),
+             jax.tree.map(lambda x: x * jnp.inf, g)]
+    again = _apply_if_finite_run(opt, steps)
+    with monkeypatch.context() as patch:
+        switch_order_off(patch)
+        _check_once(patch)
+        once = _apply_if_finite_run(opt, steps)
+    for run in (again, once):
+        assert [(bool(s[0].last_finite), int(s[0].total_notfinite)) for _, s in run] == DROPS[inner]
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(once)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)  # (1e-8: ulps of a 1e-2 step)
+    before = [(params(), opt.init(params()))] + again
+    for t, (finite, _) in enumerate(DROPS[inner][:3]):
+        if not finite:
+            for a, b in zip(jax.tree.leaves((again[t][0], again[t][1][0].inner)),
+                            jax.tree.leaves((before[t][0], before[t][1][0].inner))):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_apply_if_finite_checks_a_step_once_where_computing_it_again_costs(monkeypatch):
+    """A rule that is not elementwise (LAMB's per-leaf trust ratio; a matrix product would be computed twice) and
+    a step with an effect (a callback would run twice a step) are traced once: no barrier'd 1 in the program,
+    the callback run once a step."""
+    assert "optimization_barrier" not in lowered(ux.apply_if_finite(ux.optimizers.lamb(1e-2)), params())
+    calls = []
+
+    def noted(updates, params):
+        jax.debug.callback(lambda: calls.append(1))
+        return updates
+
+    def passed(updates, params):
+        return updates
+
+    plain = ux.apply_if_finite(ux.scale_by_adam().pipe(ux.compose, ux.stateless(passed, elementwise=True)).scale(-1e-2))
+    assert "optimization_barrier" in lowered(plain, params())  # (the counter-case: without the callback)
+    opt = ux.apply_if_finite(ux.scale_by_adam().pipe(ux.compose, ux.stateless(noted, elementwise=True)).scale(-1e-2))
+    assert "optimization_barrier" not in lowered(opt, params())
+    p = params()
+    p, _ = step_fn(opt)(p, opt.init(p), grads_like(p, 0))
+    jax.block_until_ready(p)
+    assert calls == [1]
+
+
+def test_apply_if_finite_orders_what_is_shaped_like_the_params_and_leaves_the_rest(monkeypatch):
+    """The whole inner state is searched for trees shaped like the params: through masked (None for the leaves
+    left out) and a bare array's params; flat_state's joined buffers are left alone, not refused. The same
+    numbers as without the order."""
+    cases = [ux.apply_if_finite(ux.masked(ux.optimizers.adam(1e-2), _matrices)),
+             ux.apply_if_finite(ux.optimizers.adam(1e-2).flat_state(min_joined=2))]
+    for opt in cases:
+        ordered = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(3)])
+        with monkeypatch.context() as patch:
+            switch_order_off(patch)
+            plain = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(3)])
+        for a, b in zip(jax.tree.leaves(ordered), jax.tree.leaves(plain)):
+            np.testing.assert_array_equal(a, b)
+    assert copies(cases[0], params()) == []
+    opt = ux.apply_if_finite(ux.optimizers.adam(1e-2))
+    w = params()["w"]
+    text = step_fn(opt).lower(w, opt.init(w), w).compile().as_text()
+    assert " copy(" not in text[text.index("ENTRY"):]
+
+
+def test_a_wrapper_may_write_its_whole_pipeline_state_last():
+    stage = ux.apply_if_finite(ux.optimizers.adam(1e-2)).stages[0]
+    assert stage.state_last == frozenset({"inner"}) and stage.wraps == "inner"
+    with pytest.raises(ValueError, match=r"the wrapper may name only 'inner'"):
+        ux.stateful(_pair_init, _pair_apply, options={"inner": ux.identity()}, wraps="inner",
+                    state_last=("inner", "n"))

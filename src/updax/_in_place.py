@@ -39,7 +39,11 @@ params, and an inner stage's field is ordered the same way, each leaf after
 the param it belongs to (``masked`` and ``partition`` give their inner
 pipelines the params with None for the leaves left out, so their inner
 state is shaped like the params but for those). A field not shaped like
-the params (``flat_state``'s joined buffers) is left in XLA's order.
+the params (``flat_state``'s joined buffers) is left in XLA's order. A
+wrapper may name its whole pipeline's state (its ``wraps`` field): every
+leaf of it shaped like a param is then ordered after that param
+(``apply_if_finite``, whose check reads a step computed again from the old
+state: :func:`traced_apart`).
 
 A step traced for another backend keeps XLA's own order (XLA for GPUs
 writes both from one kernel), and an eager step has no schedule to order.
@@ -122,6 +126,10 @@ def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list,
     """
     if isinstance(new, ScheduledState) and stage.in_state:
         return new._replace(state=_ordered_stage(stage, old.state, new.state, treedef, params, sums, nested))
+    if stage.wraps is not None and stage.wraps in stage.state_last:  # (the whole of its pipeline's state)
+        field = stage.wraps
+        return new._replace(**{field: _ordered_tree(getattr(old, field), getattr(new, field), treedef, params,
+                                                    sums)})
     if stage.state_last:
         try:
             new = _ordered(stage, old, new, treedef, params, sums)
@@ -140,6 +148,25 @@ def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list,
     else:
         return new
     return new._replace(inner=ordered)
+
+
+def _ordered_tree(old: Any, new: Any, treedef: Any, params: list, sums: list) -> Any:
+    """``new`` with each subtree shaped like the params ordered leaf by leaf (:func:`_after`: a leaf shaped
+    otherwise than its param is left alone), found wherever it is in a wrapper's whole inner state; the rest,
+    counts and buffers shaped otherwise (``flat_state``'s), as it is."""
+    try:
+        olds, news = treedef.flatten_up_to(old), treedef.flatten_up_to(new)
+    except (TypeError, ValueError):
+        olds = news = None
+    if news is not None and all(n is None or isinstance(n, jax.Array) for n in news):
+        return treedef.unflatten([_after(o, n, p, q) for o, n, p, q in zip(olds, news, params, sums)])
+    if new is None:
+        return new
+    news, node = jax.tree.flatten(new, is_leaf=lambda x: x is not new)  # (its children, one level down)
+    if jax.tree_util.treedef_is_leaf(node):
+        return new
+    return node.unflatten([_ordered_tree(o, n, treedef, params, sums)
+                           for o, n in zip(node.flatten_up_to(old), news)])
 
 
 def _new_param(p: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array] | None:
@@ -279,6 +306,39 @@ def recomputed(tree: Any) -> Any:
     return jax.tree.map(lambda x: _over_one(x, marks), tree)
 
 
+def traced_apart(fn: Callable[..., Any], *trees: Any) -> Any:
+    """``fn(*trees)`` traced a second time, each real floating leaf of ``trees`` divided by a barrier'd 1 of its
+    dtype, and added to the current trace; or None when traced otherwise than for the CPU, or when the trace has
+    effects (a ``jax.debug.print`` in a user's stage would run twice a step).
+
+    For a reduction over a step's result that the kernels writing the step's state must wait for:
+    :func:`updax.apply_if_finite` keeps the old state when the step is not finite. Over the first trace's
+    result XLA stores the step and each new state value, a temporary of the state's size written and read on
+    every step, and selects between them and the old state afterwards. Over this trace's, an expression of its
+    own (``x / 1`` is ``x`` bit for bit), XLA recomputes the step inside the reduction's kernels from the old
+    values; with the state ordered after the params (the wrapper names its pipeline's state ``state_last``),
+    the params' kernel recomputes it again and each state kernel writes its field in place. Worth it where the
+    step is cheap to compute again: an elementwise rule, not a matrix product.
+    """
+    if not _tree.traced_for_cpu(trees):
+        return None
+    ones: dict = {}
+    marked = jax.tree.map(lambda x: _over_one(x, ones) if _real_floating(x) else x, trees)
+    closed, shapes = jax.make_jaxpr(lambda: fn(*marked), return_shape=True)()
+    if closed.effects:
+        return None
+    return _inlined(closed, shapes)
+
+
+def _real_floating(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _inlined(closed: Any, shapes: Any) -> Any:
+    """A closed jaxpr's outputs, its operations added to the current trace."""
+    return jax.tree.unflatten(jax.tree.structure(shapes), jax.core.eval_jaxpr(closed.jaxpr, closed.consts))
+
+
 def traced_again(fn: Callable[[], Any]) -> Any:
     """``fn()`` traced a second time inside :func:`recomputing` and added to the current trace, or None: when no
     rule marked a value (the second trace would be merged with the first, and XLA would store the step for both
@@ -287,4 +347,4 @@ def traced_again(fn: Callable[[], Any]) -> Any:
         closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
     if not marks or closed.effects:
         return None
-    return jax.tree.unflatten(jax.tree.structure(shapes), jax.core.eval_jaxpr(closed.jaxpr, closed.consts))
+    return _inlined(closed, shapes)

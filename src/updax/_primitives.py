@@ -113,7 +113,11 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             are written after the params' update, so that XLA updates their
             donated buffers in place where it would otherwise copy the old
             state first (see "The state in place" in docs/performance.md).
-            Only the numbers' order of computation changes. Default: ``()``.
+            Only the numbers' order of computation changes. A wrapper stage
+            may name its ``wraps`` field only: every leaf of its pipeline's
+            state shaped like a param is then written after that param
+            (:func:`apply_if_finite`'s choice between the new state and the
+            old reads a step computed from the old). Default: ``()``.
 
     Returns:
         An :class:`Update` with one stage.
