@@ -83,6 +83,10 @@ OPTIONS = {
     # same_numbers' 3 steps include one that updates.
     "adam/accumulate_gradients": (lambda: ux.accumulate_gradients(O.adam(1e-3, eps_root=0.0), 3),
                                   lambda: optax.MultiSteps(optax.adam(1e-3), 3)),
+    # The same around a rule that is not elementwise (LAMB's trust ratio per leaf), which runs in a lax.cond where
+    # an elementwise one is computed on every call and selected.
+    "lamb/accumulate_gradients": (lambda: ux.accumulate_gradients(O.lamb(1e-3, eps=1e-6, eps_root=0.0), 3),
+                                  lambda: optax.MultiSteps(optax.lamb(1e-3), 3)),
     # Mixed-precision training's skip of non-finite steps (optax's checks the gradients only, updax's the
     # pipeline's output too).
     "adam/apply_if_finite": (lambda: ux.apply_if_finite(O.adam(1e-3, eps_root=0.0), 5),

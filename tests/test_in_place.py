@@ -357,8 +357,6 @@ def test_the_declaration_is_checked_where_the_stage_is_built():
         ux.stateful(_pair_init, _pair_apply, state_last="a")
     with pytest.raises(TypeError, match=r"state_last=...\): 3 are not field names"):
         ux.stateful(_pair_init, _pair_apply, state_last=(3,))
-    with pytest.raises(ValueError, match=r"a wrapper stage's state is its pipeline's"):
-        ux.stateful(_pair_init, _pair_apply, options={"inner": ux.identity()}, wraps="inner", state_last=("a",))
     stage = ux.stateful(_pair_init, _pair_apply, name="pair_in_place", state_last=("a",)).stages[0]
     assert stage.state_last == frozenset({"a"})
     with pytest.raises(ValueError, match=r"stage 'pair_in_place' is declared two ways"):
@@ -639,6 +637,39 @@ def test_apply_if_finite_orders_what_is_shaped_like_the_params_and_leaves_the_re
 def test_a_wrapper_may_write_its_whole_pipeline_state_last():
     stage = ux.apply_if_finite(ux.optimizers.adam(1e-2)).stages[0]
     assert stage.state_last == frozenset({"inner"}) and stage.wraps == "inner"
-    with pytest.raises(ValueError, match=r"the wrapper may name only 'inner'"):
-        ux.stateful(_pair_init, _pair_apply, options={"inner": ux.identity()}, wraps="inner",
-                    state_last=("inner", "n"))
+    stage = ux.accumulate_gradients(ux.optimizers.adam(1e-2), 2).stages[0]
+    assert stage.state_last == frozenset({"inner", "accumulated"})
+
+
+@pytest.mark.parametrize("inner", ["adam", "lion"])
+def test_accumulate_gradients_steps_an_elementwise_pipeline_on_every_call_and_keeps_the_kth(inner, monkeypatch):
+    """Around an elementwise pipeline the step is computed on every call and selected, not run in a lax.cond:
+    the same calls step (every 3rd, a NaN call skipped), zeros bit for bit on the others with the inner state
+    unchanged, and the numbers of the conditional to rounding. The conditional's outputs are buffers of their own,
+    written back on every call; selected, the state is written in place (the pipeline's state after the params,
+    the sum after the pipeline's state, whose kernels read the old sum): no copies, and of temporaries only the
+    skip function's count."""
+    rule = ux.optimizers.adam(1e-2) if inner == "adam" else ux.optimizers.lion(1e-2)
+    opt = ux.accumulate_gradients(rule, 3, should_skip=ux.skip_not_finite)
+    calls = [grads_like(params(), t) for t in range(8)]
+    calls[4] = jax.tree.map(lambda x: x * jnp.nan, calls[4])
+    assert not re.search(r"stablehlo\.(case|if)", lowered(opt, params()))
+    size = sum(x.size * 4 for x in jax.tree.leaves(params()))
+    assert copies(opt, params()) == []
+    assert temporaries(opt, params()) < size  # (skip_not_finite's count, in 32-bit integers)
+    selected = _apply_if_finite_run(opt, calls)
+    with monkeypatch.context() as patch:
+        patch.setattr(_in_place, "traced_pure", lambda fn: None)
+        assert re.search(r"stablehlo\.(case|if)", lowered(opt, params()))
+        assert temporaries(opt, params()) > 2 * size
+        conditional = _apply_if_finite_run(opt, calls)
+    assert [bool(s[0].updated) for _, s in selected] == [False, False, True, False, False, False, True, False]
+    for (p_s, s_s), (p_c, s_c) in zip(selected, conditional):
+        assert [int(s_s[0].mini_step), int(s_s[0].gradient_step)] == [int(s_c[0].mini_step), int(s_c[0].gradient_step)]
+        for a, b in zip(jax.tree.leaves((p_s, s_s)), jax.tree.leaves((p_c, s_c))):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+    before = [(params(), opt.init(params()))] + selected
+    for t, (p, s) in enumerate(selected):
+        if not bool(s[0].updated):  # (a call that waits: the params and the inner state as they were)
+            for a, b in zip(jax.tree.leaves((p, s[0].inner)), jax.tree.leaves((before[t][0], before[t][1][0].inner))):
+                np.testing.assert_array_equal(a, b)

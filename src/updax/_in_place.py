@@ -40,10 +40,12 @@ the param it belongs to (``masked`` and ``partition`` give their inner
 pipelines the params with None for the leaves left out, so their inner
 state is shaped like the params but for those). A field not shaped like
 the params (``flat_state``'s joined buffers) is left in XLA's order. A
-wrapper may name its whole pipeline's state (its ``wraps`` field): every
-leaf of it shaped like a param is then ordered after that param
-(``apply_if_finite``, whose check reads a step computed again from the old
-state: :func:`traced_apart`).
+wrapper may name its whole pipeline's state (its ``wraps`` field): when
+the pipeline is elementwise every leaf of it shaped like a param is then
+ordered after that param (``apply_if_finite``, whose check reads a step
+computed again from the old state, :func:`traced_apart`; and
+``accumulate_gradients``, which computes the step on every call rather than
+in a conditional).
 
 A step traced for another backend keeps XLA's own order (XLA for GPUs
 writes both from one kernel), and an eager step has no schedule to order.
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -126,16 +129,20 @@ def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list,
     """
     if isinstance(new, ScheduledState) and stage.in_state:
         return new._replace(state=_ordered_stage(stage, old.state, new.state, treedef, params, sums, nested))
-    if stage.wraps is not None and stage.wraps in stage.state_last:  # (the whole of its pipeline's state)
-        field = stage.wraps
-        return new._replace(**{field: _ordered_tree(getattr(old, field), getattr(new, field), treedef, params,
-                                                    sums)})
-    if stage.state_last:
+    whole = _whole(stage)
+    if whole:  # (its own fields then after the pipeline's state of the same param, which reads their old values)
+        written: list[list] = [[] for _ in params]
+        new = new._replace(**{stage.wraps: _ordered_tree(getattr(old, stage.wraps), getattr(new, stage.wraps),
+                                                         treedef, params, sums, written)})
+        sums = [_after_written(summed, leaves) for summed, leaves in zip(sums, written)]
+    if stage.state_last - {stage.wraps}:
         try:
             new = _ordered(stage, old, new, treedef, params, sums)
         except ValueError:  # (a field not shaped like the params: refused at the top, left alone inside)
             if not nested:
                 raise
+    if whole:
+        return new
     pipelines = _wrapped(stage)
     inner_old, inner_new = getattr(old, "inner", None), getattr(new, "inner", None)
     if not pipelines or not hasattr(new, "_replace") or inner_new is None:
@@ -150,23 +157,47 @@ def _ordered_stage(stage: Stage, old: Any, new: Any, treedef: Any, params: list,
     return new._replace(inner=ordered)
 
 
-def _ordered_tree(old: Any, new: Any, treedef: Any, params: list, sums: list) -> Any:
+def _whole(stage: Stage) -> bool:
+    """Whether the wrapper's whole pipeline state is ordered: it names its ``wraps`` field and the pipeline is
+    elementwise, so that the wrapper computes the pipeline's step on every call and selects between the new state
+    and the old (``apply_if_finite``, ``accumulate_gradients``), where a pipeline of another kind runs once, or in a
+    conditional whose outputs are buffers of their own, and a select after them would be a kernel more a leaf."""
+    return (stage.wraps is not None and stage.wraps in stage.state_last
+            and all(inner.elementwise for inner in stage.option(stage.wraps).stages))
+
+
+def _ordered_tree(old: Any, new: Any, treedef: Any, params: list, sums: list, written: list[list]) -> Any:
     """``new`` with each subtree shaped like the params ordered leaf by leaf (:func:`_after`: a leaf shaped
     otherwise than its param is left alone), found wherever it is in a wrapper's whole inner state; the rest,
-    counts and buffers shaped otherwise (``flat_state``'s), as it is."""
+    counts and buffers shaped otherwise (``flat_state``'s), as it is. Each ordered leaf is added to ``written``
+    at its param's index."""
     try:
         olds, news = treedef.flatten_up_to(old), treedef.flatten_up_to(new)
     except (TypeError, ValueError):
         olds = news = None
     if news is not None and all(n is None or isinstance(n, jax.Array) for n in news):
-        return treedef.unflatten([_after(o, n, p, q) for o, n, p, q in zip(olds, news, params, sums)])
+        ordered = [_after(o, n, p, q) for o, n, p, q in zip(olds, news, params, sums)]
+        for leaves, n, r in zip(written, news, ordered):
+            if r is not n:
+                leaves.append(r)
+        return treedef.unflatten(ordered)
     if new is None:
         return new
     news, node = jax.tree.flatten(new, is_leaf=lambda x: x is not new)  # (its children, one level down)
     if jax.tree_util.treedef_is_leaf(node):
         return new
-    return node.unflatten([_ordered_tree(o, n, treedef, params, sums)
+    return node.unflatten([_ordered_tree(o, n, treedef, params, sums, written)
                            for o, n in zip(node.flatten_up_to(old), news)])
+
+
+def _after_written(summed: tuple[jax.Array, jax.Array] | None, leaves: list) -> tuple[jax.Array, jax.Array] | None:
+    """:func:`_new_param`'s pair for a wrapper's own field, to be written after the new ``leaves`` of its
+    pipeline's state of the same param (themselves written after the param): the first of them, and a mask
+    false everywhere read from each. ``accumulate_gradients``' sum: the pipeline's state kernels add the
+    gradient to the old sum, so the sum's kernel that overwrites it must wait for all of them."""
+    if summed is None or not leaves:
+        return summed
+    return leaves[0], functools.reduce(jax.lax.bitwise_or, [jax.lax.lt(x, x) for x in leaves])
 
 
 def _new_param(p: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array] | None:
@@ -194,12 +225,12 @@ def _check_fields(stage: Stage, state: Any) -> None:
 
 
 def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, sums: list) -> Any:
-    """The stage's new state with its ``state_last`` fields ordered; a declared field not shaped like the
-    params is refused by name."""
+    """The stage's new state with its ``state_last`` fields ordered (a wrapper's pipeline's field apart, which
+    :func:`_ordered_tree` orders); a declared field not shaped like the params is refused by name."""
     if isinstance(new, ScheduledState) and stage.in_state:
         return new._replace(state=_ordered(stage, old.state, new.state, treedef, params, sums))
     changed = {}
-    for field in stage.state_last:
+    for field in sorted(stage.state_last - {stage.wraps}):
         try:
             olds, news = treedef.flatten_up_to(getattr(old, field)), treedef.flatten_up_to(getattr(new, field))
         except (TypeError, ValueError):
@@ -324,10 +355,14 @@ def traced_apart(fn: Callable[..., Any], *trees: Any) -> Any:
         return None
     ones: dict = {}
     marked = jax.tree.map(lambda x: _over_one(x, ones) if _real_floating(x) else x, trees)
-    closed, shapes = jax.make_jaxpr(lambda: fn(*marked), return_shape=True)()
-    if closed.effects:
-        return None
-    return _inlined(closed, shapes)
+    return traced_pure(lambda: fn(*marked))
+
+
+def traced_pure(fn: Callable[[], Any]) -> Any:
+    """``fn()`` added to the current trace, or None when its trace has effects: for a step computed on calls
+    whose result is then thrown away (a callback in it would run on those calls too)."""
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
+    return None if closed.effects else _inlined(closed, shapes)
 
 
 def _real_floating(x: Any) -> bool:

@@ -114,10 +114,13 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             donated buffers in place where it would otherwise copy the old
             state first (see "The state in place" in docs/performance.md).
             Only the numbers' order of computation changes. A wrapper stage
-            may name its ``wraps`` field only: every leaf of its pipeline's
-            state shaped like a param is then written after that param
-            (:func:`apply_if_finite`'s choice between the new state and the
-            old reads a step computed from the old). Default: ``()``.
+            may name its ``wraps`` field: when its pipeline is elementwise,
+            every leaf of that pipeline's state shaped like a param is then
+            written after that param (for a wrapper that computes the step
+            on every call and selects between the new state and the old:
+            :func:`apply_if_finite`, :func:`accumulate_gradients`), and
+            otherwise the fields its stages declare, as in any wrapper.
+            Default: ``()``.
 
     Returns:
         An :class:`Update` with one stage.

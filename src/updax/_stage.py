@@ -115,8 +115,8 @@ def _names(call: str, what: str, names: Iterable[str], options: Mapping[str, Any
 
 def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | None,
             wraps: str | None) -> frozenset[str]:
-    """``state_last`` checked: field names (identifiers) of a stateful stage; a wrapper's may name only the field
-    its pipeline's state is kept in (all of that state then written last)."""
+    """``state_last`` checked: field names (identifiers) of a stateful stage (a wrapper's ``wraps`` field among
+    them: its pipeline's whole state, see :func:`updax.stateful`)."""
     if isinstance(state_last, str):
         raise TypeError(f"{call}(state_last={state_last!r}): state_last must be a collection of field names, not a "
                         "string")
@@ -126,9 +126,6 @@ def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | 
         raise TypeError(f"{call}(state_last=...): {', '.join(bad)} are not field names")
     if fields and init_fn is None:
         raise ValueError(f"{call}(state_last=...): a stateless stage has no state to write last")
-    if fields and wraps is not None and fields != {wraps}:
-        raise ValueError(f"{call}(state_last=...): a wrapper stage's state is its pipeline's, which orders its own; "
-                         f"the wrapper may name only {wraps!r}, to write all of its pipeline's state last")
     return fields
 
 
@@ -153,8 +150,8 @@ class Stage:
     on the CPU their new values are written after the params' update, so
     that XLA updates their donated buffers in place (see
     :func:`updax.stateful`); a wrapper may name its ``wraps`` field, and
-    every leaf of its pipeline's state shaped like a param is then written
-    after that param.
+    when its pipeline is elementwise every leaf of that pipeline's state
+    shaped like a param is then written after that param.
 
     Attributes:
         name: the name given, or None (then ``label`` is ``"stateless"`` or

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _in_place, _tree
 from updax import _validate as check
 from updax._combinators import combinator
 from updax._primitives import stateful
@@ -131,7 +131,14 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
     def wait(operand):
         return jax.tree.map(_tree.zeros_of, jax.eval_shape(run, operand)[0]), operand[1]
 
-    out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))
+    stepped = None
+    if all(stage.elementwise for stage in inner.stages) and _tree.traced_for_cpu(updates):
+        stepped = _in_place.traced_pure(lambda: run((accumulated, state.inner)))
+    if stepped is None:
+        out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))
+    else:  # (an elementwise step on every call, kept on the k-th: see the docstring)
+        out = jax.tree.map(lambda u: jnp.where(ready, u, _tree.zeros_like(u)), stepped[0])
+        inner_state = jax.tree.map(lambda new, old: jax.lax.select(ready, new, old), stepped[1], state.inner)
     accumulated = jax.tree.map(lambda new, old: jnp.where(skip, old, jnp.where(ready, jnp.zeros_like(new), new)),
                                accumulated, state.accumulated)
     return out, AccumulateGradientsState(
@@ -160,6 +167,15 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
     record)`` (e.g. :func:`skip_not_finite`, :func:`skip_large_updates`) can
     reject a call: it emits zeros and leaves the state bit-identical except
     ``updated`` (False) and ``skip`` (the record of why).
+
+    Jitted for the CPU around an elementwise pipeline (every stage declared
+    ``elementwise``: the Adam family, Lion, momentum, clipping, ...), the
+    pipeline's step is computed on every call and kept on the steps alone,
+    element by element, rather than run in a ``lax.cond``, whose outputs
+    XLA writes to buffers of their own: the state is then written in place
+    (the values are the same; docs/performance.md, "The state in place").
+    A step with an effect (a ``jax.debug`` callback) runs in the
+    conditional, as does any other pipeline.
 
     Args:
         steps: ``k``, the calls accumulated per step: an integer >= 1, or a
@@ -196,7 +212,7 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
         check.function(call, "should_skip", should_skip)
     options = dict(inner=inner, steps=steps, mean=check.flag(call, "mean", mean), should_skip=should_skip)
     return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name=call, options=options,
-                    wraps="inner")
+                    wraps="inner", state_last=("inner", "accumulated"))
 
 
 def has_updated(state: PyTree) -> jax.Array:
