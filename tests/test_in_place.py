@@ -673,3 +673,27 @@ def test_accumulate_gradients_steps_an_elementwise_pipeline_on_every_call_and_ke
         if not bool(s[0].updated):  # (a call that waits: the params and the inner state as they were)
             for a, b in zip(jax.tree.leaves((p, s[0].inner)), jax.tree.leaves((before[t][0], before[t][1][0].inner))):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_lookahead_writes_its_slow_weights_in_place_as_the_new_params():
+    """On a sync the slow weights are the new params as apply_updates computes them, so XLA's kernel for them
+    reads the params' new buffer and runs after the params' kernel: no copies (the paper's φ + α·(θ + u - φ)
+    read the old params and the old φ, which the params' kernel reads too, and XLA copied both; optax's step
+    copies them: benchmarks/lookahead.py). After each sync the fast and the slow weights are equal bit for bit,
+    as the paper's fast weights restart at φ; a wider accumulator_dtype keeps φ's own formula."""
+    opt = ux.optimizers.adam(1e-2).lookahead(3, 0.5)
+    assert copies(opt, params()) == [] and temporaries(opt, params()) < 1024
+    seen = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(6)])
+    for t in (2, 5):
+        p, s = seen[t]
+        assert int(s[0].steps_since_sync) == 0
+        for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(s[0].slow)):
+            np.testing.assert_array_equal(a, b)
+    assert np.abs(seen[3][0]["w"] - seen[3][1][0].slow["w"]).max() > 0  # (between syncs θ moves, φ stays)
+    wide = ux.optimizers.adam(1e-2).lookahead(3, 0.5, accumulator_dtype=jnp.float32)
+    p, s = params(jnp.bfloat16), wide.init(params(jnp.bfloat16))
+    step = step_fn(wide)
+    for t in range(3):
+        p, s = step(p, s, grads_like(params(jnp.bfloat16), t))
+    assert s[0].slow["w"].dtype == jnp.float32 and int(s[0].steps_since_sync) == 0
+    assert np.abs(np.asarray(s[0].slow["w"]) - np.asarray(p["w"], np.float32)).max() > 0  # (φ in float32)

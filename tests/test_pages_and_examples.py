@@ -175,6 +175,21 @@ def test_the_in_place_benchmark_runs_and_finds_the_copies_gone(tmp_path):
     assert "| lion |" in (tmp_path / "in_place-quick.md").read_text()
 
 
+def test_the_lookahead_benchmark_runs_and_finds_the_copies_gone(tmp_path):
+    """A smoke run of benchmarks/lookahead.py: updax's step copies nothing where its former formula and optax's
+    copy the params and the slow weights."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import lookahead as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = {row["side"]: row for row in bench.main(["--quick", "--rounds", "1", "--repeats", "1",
+                                                    "--out", str(tmp_path)])["rows"]}
+    assert rows["updax"]["copies"] == 0 < rows["former"]["copies"] == rows["optax"]["copies"], rows
+    assert rows["updax"]["temp_mb"] < 0.01 < rows["former"]["temp_mb"], rows
+    assert "| updax |" in (tmp_path / "lookahead-quick.md").read_text()
+
+
 def test_the_compile_time_benchmark_runs_and_judges_against_its_own_noise(tmp_path):
     """A smoke run of benchmarks/compile_times.py, and its verdict on made-up rounds: a gap counts only beyond
     the quartiles of updax against itself."""

@@ -44,8 +44,13 @@ def _apply_lookahead(updates, state, params, *, inner, sync_period, slow_step_si
         s_c = s.astype(c)
         fast = p.astype(c) + u.astype(c)  # the k-th fast weights
         synced = s_c + jnp.asarray(slow_step_size).astype(c) * (fast - s_c)  # φ ← φ + α·(θ_k - φ)
-        out = jnp.where(sync, synced - p.astype(c), u.astype(c))  # on a sync, the fast weights restart at φ
-        return out.astype(u.dtype), jnp.where(sync, synced, s_c).astype(s.dtype)
+        out = jnp.where(sync, synced - p.astype(c), u.astype(c)).astype(u.dtype)  # on a sync, θ restarts at φ
+        if s.dtype != p.dtype or jnp.iscomplexobj(p):
+            return out, jnp.where(sync, synced, s_c).astype(s.dtype)
+        # φ is the new param itself, as apply_updates computes it (θ and φ then equal bit for bit): XLA merges the
+        # two, so φ's kernel reads the params' new buffer, runs after the params' kernel and writes φ in place,
+        # where from synced it would read the old params and φ, which the params' kernel reads too (both copied).
+        return out, jnp.where(sync, _tree.place_like(_tree.summed(p, out), s), s)
 
     out, slow = _tree.tree_map_unzip("lookahead", leaf, 2, params, steps, state.slow,
                                      names=("params", "updates", "state.slow"))
@@ -75,7 +80,10 @@ def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSched
     ``LookaheadParams(fast, slow)`` as params and returns updates for both,
     the slow weights are state, read with
     ``opt.get_state(state, "lookahead.slow")``; right after a sync the
-    params equal them. Do not change the updates after this stage.
+    params equal them bit for bit (the new slow weights are the new params
+    as :func:`apply_updates` computes them, ``θ + (φ' - θ)``, within
+    rounding of the paper's ``φ'``; with a wider ``accumulator_dtype``,
+    ``φ'`` itself). Do not change the updates after this stage.
 
     Args:
         sync_period: ``k``, the fast steps per slow step, an integer >= 1.
