@@ -546,7 +546,8 @@ def test_apply_if_finite_checks_an_elementwise_step_computed_again_and_writes_th
     assert copies(opt, params()) == [] and temporaries(opt, params()) >= 3 * size
 
 
-def _apply_if_finite_run(opt, steps):
+def _run_donated(opt, steps):
+    """The params and the state after each of ``steps`` (gradients) of the jitted donated step, as numpy."""
     p, s = params(), opt.init(params())
     step, seen = step_fn(opt), []
     for g in steps:
@@ -573,11 +574,11 @@ def test_apply_if_finite_drops_the_same_steps_with_its_check_computed_again(inne
     g = grads_like(params(), 0)
     steps = [{**g, "w": g["w"].at[3, 5].set(1e38)}, g, jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), g),
              jax.tree.map(lambda x: x * jnp.inf, g)]
-    again = _apply_if_finite_run(opt, steps)
+    again = _run_donated(opt, steps)
     with monkeypatch.context() as patch:
         switch_order_off(patch)
         _check_once(patch)
-        once = _apply_if_finite_run(opt, steps)
+        once = _run_donated(opt, steps)
     for run in (again, once):
         assert [(bool(s[0].last_finite), int(s[0].total_notfinite)) for _, s in run] == DROPS[inner]
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(once)):
@@ -621,10 +622,10 @@ def test_apply_if_finite_orders_what_is_shaped_like_the_params_and_leaves_the_re
     cases = [ux.apply_if_finite(ux.masked(ux.optimizers.adam(1e-2), _matrices)),
              ux.apply_if_finite(ux.optimizers.adam(1e-2).flat_state(min_joined=2))]
     for opt in cases:
-        ordered = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(3)])
+        ordered = _run_donated(opt, [grads_like(params(), t) for t in range(3)])
         with monkeypatch.context() as patch:
             switch_order_off(patch)
-            plain = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(3)])
+            plain = _run_donated(opt, [grads_like(params(), t) for t in range(3)])
         for a, b in zip(jax.tree.leaves(ordered), jax.tree.leaves(plain)):
             np.testing.assert_array_equal(a, b)
     assert copies(cases[0], params()) == []
@@ -657,12 +658,12 @@ def test_accumulate_gradients_steps_an_elementwise_pipeline_on_every_call_and_ke
     size = sum(x.size * 4 for x in jax.tree.leaves(params()))
     assert copies(opt, params()) == []
     assert temporaries(opt, params()) < size  # (skip_not_finite's count, in 32-bit integers)
-    selected = _apply_if_finite_run(opt, calls)
+    selected = _run_donated(opt, calls)
     with monkeypatch.context() as patch:
         patch.setattr(_in_place, "traced_pure", lambda fn: None)
         assert re.search(r"stablehlo\.(case|if)", lowered(opt, params()))
         assert temporaries(opt, params()) > 2 * size
-        conditional = _apply_if_finite_run(opt, calls)
+        conditional = _run_donated(opt, calls)
     assert [bool(s[0].updated) for _, s in selected] == [False, False, True, False, False, False, True, False]
     for (p_s, s_s), (p_c, s_c) in zip(selected, conditional):
         assert [int(s_s[0].mini_step), int(s_s[0].gradient_step)] == [int(s_c[0].mini_step), int(s_c[0].gradient_step)]
@@ -683,7 +684,7 @@ def test_lookahead_writes_its_slow_weights_in_place_as_the_new_params():
     as the paper's fast weights restart at φ; a wider accumulator_dtype keeps φ's own formula."""
     opt = ux.optimizers.adam(1e-2).lookahead(3, 0.5)
     assert copies(opt, params()) == [] and temporaries(opt, params()) < 1024
-    seen = _apply_if_finite_run(opt, [grads_like(params(), t) for t in range(6)])
+    seen = _run_donated(opt, [grads_like(params(), t) for t in range(6)])
     for t in (2, 5):
         p, s = seen[t]
         assert int(s[0].steps_since_sync) == 0
