@@ -65,7 +65,8 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._stage import ScheduledState, Stage
 
-__all__ = ["after_params", "after_reading", "computed_once", "recomputed", "recomputing", "traced_again"]
+__all__ = ["after_params", "after_reading", "computed_once", "elementwise", "recomputed", "recomputing", "traced_again",
+           "traced_apart", "traced_pure"]
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
@@ -162,8 +163,15 @@ def _whole(stage: Stage) -> bool:
     elementwise, so that the wrapper computes the pipeline's step on every call and selects between the new state
     and the old (``apply_if_finite``, ``accumulate_gradients``), where a pipeline of another kind runs once, or in a
     conditional whose outputs are buffers of their own, and a select after them would be a kernel more a leaf."""
-    return (stage.wraps is not None and stage.wraps in stage.state_last
-            and all(inner.elementwise for inner in stage.option(stage.wraps).stages))
+    return stage.wraps is not None and stage.wraps in stage.state_last and elementwise(stage.option(stage.wraps))
+
+
+def elementwise(pipeline: Any) -> bool:
+    """Whether every stage of ``pipeline`` is elementwise: a step cheap enough for a wrapper to compute again or
+    on every call (:func:`traced_apart`; ``accumulate_gradients``), where a matrix product or a norm per leaf
+    would cost a second pass of its own. The same test decides the wrapper's path and whether its whole
+    pipeline's state is ordered (:func:`_whole`)."""
+    return all(stage.elementwise for stage in pipeline.stages)
 
 
 def _ordered_tree(old: Any, new: Any, treedef: Any, params: list, sums: list, written: list[list]) -> Any:

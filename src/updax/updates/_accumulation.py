@@ -132,7 +132,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
         return jax.tree.map(_tree.zeros_of, jax.eval_shape(run, operand)[0]), operand[1]
 
     stepped = None
-    if all(stage.elementwise for stage in inner.stages) and _tree.traced_for_cpu(updates):
+    if _in_place.elementwise(inner) and _tree.traced_for_cpu(updates):
         stepped = _in_place.traced_pure(lambda: run((accumulated, state.inner)))
     if stepped is None:
         out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))

@@ -116,7 +116,7 @@ def _init_apply_if_finite(params, *, inner):
 def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_errors, **extra):
     out, inner_state = inner.update(updates, state.inner, params, **extra)
     checked = None
-    if all(stage.elementwise for stage in inner.stages):  # (cheap to compute again: see traced_apart)
+    if _in_place.elementwise(inner):  # (cheap to compute again: see traced_apart)
         checked = _in_place.traced_apart(lambda u, s, p: inner.update(u, s, p, **extra)[0], updates, state.inner,
                                          params)
     finite = _all_finite(updates, out if checked is None else checked)
