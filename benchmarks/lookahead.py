@@ -121,7 +121,8 @@ def main(argv=None):
               "rounds": rounds, "repeats": repeats, "rows": table}
     text = (f"updax {result['updax']} vs optax {result['optax']}, jax {result['jax']}, {result['machine']}; "
             f"workload T, `lookahead(adam({LR}), {SYNC_PERIOD}, {SLOW_STEP_SIZE})`; median of {rounds} rounds of "
-            f"{repeats} calls a side.\n\n| side | step | vs optax | copies | temp MB |\n| --- | --- | --- | --- | --- |\n"
+            f"{repeats} calls a side.\n\n| side | step | vs optax | copies | temp MB |\n"
+            "| --- | --- | --- | --- | --- |\n"
             + "".join(f"| {r['side']} | {r['step_ms']:.2f} ms | {r['ratio']:.2f}x | {r['copies']} | "
                       f"{r['temp_mb']:.1f} |\n" for r in table))
     run.write_results(args.out, "lookahead", result, text)

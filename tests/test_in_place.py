@@ -273,7 +273,8 @@ def test_a_wrong_field_inside_a_wrapper_is_named(monkeypatch):
     """A stage's misnamed state_last field fails inside a wrapper as it does outside, eagerly and jitted."""
     stage = ux.stateful(_pair_init, _pair_apply, name="pair_misnamed_in_wrapper", state_last=("b",))
     p = params()
-    for opt in (ux.masked(stage, _matrices), ux.partition({"x": stage, "y": ux.optimizers.sgd(1e-2)}, _matrices_labelled)):
+    for opt in (ux.masked(stage, _matrices),
+                ux.partition({"x": stage, "y": ux.optimizers.sgd(1e-2)}, _matrices_labelled)):
         for update in (opt.update, jax.jit(opt.update)):
             with pytest.raises(ValueError, match=r"pair_misnamed_in_wrapper: state_last names \['b'\]"):
                 update(grads_like(p, 0), opt.init(p), p)
