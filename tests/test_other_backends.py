@@ -1,0 +1,134 @@
+"""The jitted step on a backend other than the CPU: the same numbers as the CPU's.
+
+Traced for the CPU, updax orders XLA's kernels so that a donated step writes
+its state in place (updax._in_place), runs LAMB leaf after leaf, and lets
+``apply_if_finite``, ``accumulate_gradients``, ``lookahead`` and schedule-free
+averaging compute their steps again or select rather than store. Every such
+branch asks ``updax._tree.traced_for_cpu``. On a GPU it is false, and the
+same jitted step takes the other branch, which this machine otherwise runs
+only eagerly: these tests trace the step with it false, as a GPU does, and
+compare it with the CPU's step, over every catalogue entry and optimizer.
+
+Which entries have a CPU path is pinned (``CPU_PATHS``): an entry whose
+traced program does not change when the branch is switched has nothing to
+compare, and a new CPU path must be added there, so that it is compared too.
+(No jitted function inside updax asks ``traced_for_cpu`` on a path the
+switched trace takes, so JAX's caches of inner traces cannot mix the two.)
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import updax as ux
+from registry import ENTRIES, nested_tree, updates_for
+from updax import _tree
+
+LOSS = 1.0
+STEPS = 3
+
+
+def quartic(params):
+    """L-BFGS's objective (its line search needs one): ``Σ w⁴/4 + w²/2`` over the tree."""
+    return sum(jax.numpy.sum(0.25 * w**4 + 0.5 * w**2) for w in jax.tree.leaves(params))
+
+
+def _matrices(params):
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def _by_rank(params):
+    return jax.tree.map(lambda p: "m" if p.ndim >= 2 else "v", params)
+
+
+OPTIMIZERS = {f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(1e-2))
+              for name in ux.optimizers.__all__}
+OPTIMIZERS["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(1e-2, objective=quartic)
+#: CPU paths the registry's options do not reach: a moving average at a decay of one half, and stages that declare
+#: ``state_last`` inside the wrappers.
+WRAPPED = {
+    "adam(b1=0.5)": lambda: ux.optimizers.adam(1e-2, b1=0.5),
+    "masked(lion)": lambda: ux.masked(ux.optimizers.lion(1e-2), _matrices),
+    "partition(lion, adopt)": lambda: ux.partition({"m": ux.optimizers.lion(1e-2), "v": ux.optimizers.adopt(1e-2)},
+                                                   _by_rank),
+    "accumulate_gradients(lion)": lambda: ux.accumulate_gradients(ux.optimizers.lion(1e-2), 2),
+    "apply_if_finite(lion)": lambda: ux.apply_if_finite(ux.optimizers.lion(1e-2)),
+    "hyperparams_in_state(masked(lion))": lambda: ux.hyperparams_in_state(ux.masked(ux.optimizers.lion(1e-2),
+                                                                                    _matrices)),
+}
+TARGETS = {**ENTRIES, **OPTIMIZERS, **WRAPPED}
+
+#: The targets whose jitted step the CPU traces otherwise: the state written in place (stages declaring
+#: ``state_last``, alone or inside a wrapper; D-Adaptation's after a reduction), a value computed once or again
+#: (COCOB; schedule-free), LAMB leaf by leaf, apply_if_finite's second trace, accumulate_gradients' select, a
+#: moving average's weight at a decay of one half.
+CPU_PATHS = {
+    "accumulate_gradients", "apply_if_finite", "schedule_free", "scale_by_adan", "scale_by_adopt", "scale_by_belief",
+    "scale_by_cocob", "scale_by_dadapt_adamw", "scale_by_lion", "scale_by_optimistic_gradient",
+    "optimizers.adabelief", "optimizers.adan", "optimizers.adopt", "optimizers.cocob", "optimizers.dadapt_adamw",
+    "optimizers.lamb", "optimizers.lion", "optimizers.optimistic_adam", "optimizers.optimistic_gradient_descent",
+    "optimizers.schedule_free_adamw", *WRAPPED,
+}
+
+
+def _cpu_path_off(tree):
+    return False
+
+
+def _step(opt):
+    def step(params, state, grads):
+        updates, state = opt.update(grads, state, params, loss=LOSS)
+        return ux.apply_updates(params, updates), state
+
+    return step
+
+
+def _inputs(opt):
+    params = nested_tree()
+    return params, opt.init(params), [updates_for(opt, nested_tree(seed=t + 1)) for t in range(STEPS)]
+
+
+def _run(opt, params, state, grads):
+    step = jax.jit(_step(opt))
+    for g in grads:
+        params, state = step(params, state, g)
+    return params, state
+
+
+def _program(opt, params, state, grads, traced_for_cpu=None):
+    """The step's jaxpr as text, traced as for the CPU or, with ``traced_for_cpu=_cpu_path_off``, as for another
+    backend."""
+    with pytest.MonkeyPatch.context() as patched:
+        if traced_for_cpu is not None:
+            patched.setattr(_tree, "traced_for_cpu", traced_for_cpu)
+        return str(jax.make_jaxpr(_step(opt))(params, state, grads[0]))
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_cpu_paths_are_the_listed_ones(name):
+    """A target's program changes with the backend exactly when it is in CPU_PATHS; the others trace one program
+    for every backend, and so give the same numbers on all of them."""
+    opt = TARGETS[name]()
+    params, state, grads = _inputs(opt)
+    cpu, other = _program(opt, params, state, grads), _program(opt, params, state, grads, _cpu_path_off)
+    assert (cpu != other) == (name in CPU_PATHS), name
+
+
+@pytest.mark.parametrize("name", sorted(CPU_PATHS))
+def test_the_step_traced_for_another_backend_gives_the_cpus_numbers(name, monkeypatch):
+    """Params and state after 3 jitted steps (update and apply_updates in one jit, as in training), traced as for
+    the CPU and as for another backend: equal to float32 rounding, leaf by leaf, dtypes and shapes kept."""
+    opt = TARGETS[name]()
+    params, state, grads = _inputs(opt)
+    cpu = _run(opt, params, state, grads)
+    monkeypatch.setattr(_tree, "traced_for_cpu", _cpu_path_off)
+    other = _run(opt, params, state, grads)
+    assert jax.tree.structure(cpu) == jax.tree.structure(other)
+    for a, b in zip(jax.tree.leaves(cpu), jax.tree.leaves(other)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if np.issubdtype(a.dtype, np.inexact):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
