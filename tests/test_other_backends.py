@@ -2,8 +2,8 @@
 
 Traced for the CPU, updax orders XLA's kernels so that a donated step writes
 its state in place (updax._in_place), runs LAMB leaf after leaf, and lets
-``apply_if_finite``, ``accumulate_gradients``, ``lookahead`` and schedule-free
-averaging compute their steps again or select rather than store. Every such
+``apply_if_finite``, ``accumulate_gradients`` and schedule-free averaging
+compute their steps again or select rather than store. Every such
 branch asks ``updax._tree.traced_for_cpu``. On a GPU it is false, and the
 same jitted step takes the other branch, which this machine otherwise runs
 only eagerly: these tests trace the step with it false, as a GPU does, and
@@ -19,6 +19,7 @@ switched trace takes, so JAX's caches of inner traces cannot mix the two.)
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -32,7 +33,7 @@ STEPS = 3
 
 def quartic(params):
     """L-BFGS's objective (its line search needs one): ``Σ w⁴/4 + w²/2`` over the tree."""
-    return sum(jax.numpy.sum(0.25 * w**4 + 0.5 * w**2) for w in jax.tree.leaves(params))
+    return sum(jnp.sum(0.25 * w**4 + 0.5 * w**2) for w in jax.tree.leaves(params))
 
 
 def _matrices(params):
@@ -48,7 +49,7 @@ OPTIMIZERS = {f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, na
 OPTIMIZERS["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(1e-2, objective=quartic)
 #: CPU paths the registry's options do not reach: a moving average at a decay of one half, and stages that declare
 #: ``state_last`` inside the wrappers.
-WRAPPED = {
+EXTRA = {
     "adam(b1=0.5)": lambda: ux.optimizers.adam(1e-2, b1=0.5),
     "masked(lion)": lambda: ux.masked(ux.optimizers.lion(1e-2), _matrices),
     "partition(lion, adopt)": lambda: ux.partition({"m": ux.optimizers.lion(1e-2), "v": ux.optimizers.adopt(1e-2)},
@@ -58,7 +59,7 @@ WRAPPED = {
     "hyperparams_in_state(masked(lion))": lambda: ux.hyperparams_in_state(ux.masked(ux.optimizers.lion(1e-2),
                                                                                     _matrices)),
 }
-TARGETS = {**ENTRIES, **OPTIMIZERS, **WRAPPED}
+TARGETS = {**ENTRIES, **OPTIMIZERS, **EXTRA}
 
 #: The targets whose jitted step the CPU traces otherwise: the state written in place (stages declaring
 #: ``state_last``, alone or inside a wrapper; D-Adaptation's after a reduction), a value computed once or again
@@ -69,7 +70,7 @@ CPU_PATHS = {
     "scale_by_cocob", "scale_by_dadapt_adamw", "scale_by_lion", "scale_by_optimistic_gradient",
     "optimizers.adabelief", "optimizers.adan", "optimizers.adopt", "optimizers.cocob", "optimizers.dadapt_adamw",
     "optimizers.lamb", "optimizers.lion", "optimizers.optimistic_adam", "optimizers.optimistic_gradient_descent",
-    "optimizers.schedule_free_adamw", *WRAPPED,
+    "optimizers.schedule_free_adamw", *EXTRA,
 }
 
 
