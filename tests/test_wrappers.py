@@ -105,6 +105,33 @@ def test_lookahead_follows_algorithm_1_of_the_paper_in_float64(reset_state):
             _close(opt.get_state(state, "lookahead.slow"), params, f"slow weights, step {t + 1}", atol=1e-6)
 
 
+
+def test_lookahead_keeps_its_slow_step_exact_when_the_updates_are_narrower_than_the_params():
+    """bfloat16 gradients of float32 params give bfloat16 updates. The slow weights on a sync are then the paper's
+    ``φ + α·(θ_k - φ)`` in float32, not the new params as apply_updates sums them, which would round every slow
+    step to bfloat16 (0.5% of a step, a thousand times float32's rounding); the params restart within the
+    updates' rounding of them. The reference: float64 from the params and the fast pipeline's own updates."""
+    k, alpha, lr = 2, 0.5, 0.1
+    fast, opt = O.sgd(lr), O.sgd(lr).lookahead(k, alpha)
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), nested_tree(seed=0))
+    state, step = opt.init(params), jax.jit(lambda g, s, p: opt.update(g, s, p))
+    slow, theta = (jax.tree.map(lambda x: np.asarray(x, np.float64), params) for _ in range(2))
+    for t in range(2 * k):
+        grads = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _grads(params, t))
+        u_fast, _ = fast.update(grads, fast.init(params), params)  # (plain SGD is stateless: the same step)
+        assert {x.dtype for x in jax.tree.leaves(u_fast)} == {jnp.dtype(jnp.bfloat16)}
+        theta = jax.tree.map(lambda th, u: th + np.asarray(u, np.float64), theta, u_fast)
+        u, state = step(grads, state, params)
+        params = ux.apply_updates(params, u)
+        if (t + 1) % k == 0:
+            slow = jax.tree.map(lambda phi, th: phi + alpha * (th - phi), slow, theta)
+            got = opt.get_state(state, "lookahead.slow")
+            for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(slow)):
+                assert a.dtype == jnp.float32
+                np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=0, atol=1e-6 * lr)
+            _close(got, params, f"params restart at the slow weights, step {t + 1}", atol=1e-2 * lr)
+            theta = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+
 def test_lookahead_resets_a_scheduled_keyed_pipeline_under_jit():
     opt = ux.add_noise(eta=0.01, key=3).scale_by_adam(b1=ux.schedules.constant(0.9)).scale(-0.1).lookahead(
         2, 0.5, reset_state=True)

@@ -45,7 +45,9 @@ def _apply_lookahead(updates, state, params, *, inner, sync_period, slow_step_si
         fast = p.astype(c) + u.astype(c)  # the k-th fast weights
         synced = s_c + jnp.asarray(slow_step_size).astype(c) * (fast - s_c)  # φ ← φ + α·(θ_k - φ)
         out = jnp.where(sync, synced - p.astype(c), u.astype(c)).astype(u.dtype)  # on a sync, θ restarts at φ
-        if s.dtype != p.dtype or jnp.iscomplexobj(p):
+        if s.dtype != p.dtype or jnp.iscomplexobj(p) or jnp.dtype(u.dtype).itemsize < jnp.dtype(p.dtype).itemsize:
+            # φ' itself where the params' sum would round it: a wider φ, or updates narrower than the params
+            # (bfloat16 updates of float32 params would round every slow step to bfloat16).
             return out, jnp.where(sync, synced, s_c).astype(s.dtype)
         # φ is the new param itself, as apply_updates computes it (θ and φ then equal bit for bit): XLA merges the
         # two, so φ's kernel reads the params' new buffer, runs after the params' kernel and writes φ in place,
@@ -82,8 +84,10 @@ def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSched
     ``opt.get_state(state, "lookahead.slow")``; right after a sync the
     params equal them bit for bit (the new slow weights are the new params
     as :func:`apply_updates` computes them, ``θ + (φ' - θ)``, within
-    rounding of the paper's ``φ'``; with a wider ``accumulator_dtype``,
-    ``φ'`` itself). Do not change the updates after this stage.
+    rounding of the paper's ``φ'``; with a wider ``accumulator_dtype``, or
+    updates narrower than the params, ``φ'`` itself, and the params within
+    the updates' rounding of it). Do not change the updates after this
+    stage.
 
     Args:
         sync_period: ``k``, the fast steps per slow step, an integer >= 1.
