@@ -5,9 +5,9 @@
 scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> clip_by_global_norm(max_norm=1.0) |> scale(step_size=-0.001)
 """
 
-from updax import optimizers, projections, schedules, sharding, updates
+from updax import domains, optimizers, projections, schedules, sharding, updates
 from updax._stage import EmptyState, ScheduledState, Stage
-from updax._held import hyperparams_in_state
+from updax._held import checked, hyperparams_in_state
 from updax._update import Update
 from updax.interop import from_optax, to_optax
 from updax.updates import *  # noqa: F403  (the catalogue is also reachable as updax.<name>)
@@ -15,4 +15,4 @@ from updax.updates import __all__ as _catalogue
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "checked", "domains", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]

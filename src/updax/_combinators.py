@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, overload
 
+from updax._stage import reserve_name
 from updax._update import Update
 
 __all__ = ["Combinator", "combinator", "registered"]
@@ -128,6 +129,8 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
         functools.update_wrapper(method, factory)
         setattr(Update, fname, method)
         _REGISTRY[fname] = (build, wraps)
+        if factory.__module__.startswith("updax."):  # the catalogue's: its stage name is kept from import on
+            reserve_name(fname, factory.__module__)
         return build
 
     return register if factory is None else register(factory)

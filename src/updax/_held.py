@@ -1,11 +1,11 @@
-"""Hyperparameters in the state: changed by path, without recompiling, by frameworks that hold the optimizer
-as a static value."""
+"""Hyperparameters in the state (changed by path, without recompiling, by frameworks that hold the optimizer as
+a static value), and the checked step that refuses a bad one under ``jax.jit``."""
 
 from __future__ import annotations
 
 from updax._update import Update
 
-__all__ = ["hyperparams_in_state"]
+__all__ = ["checked", "hyperparams_in_state"]
 
 
 def hyperparams_in_state(opt: Update) -> Update:
@@ -49,3 +49,51 @@ def hyperparams_in_state(opt: Update) -> Update:
     if not isinstance(opt, Update):
         raise TypeError(f"hyperparams_in_state(opt={opt!r}): expected an update object")
     return Update(stage._holding(hyperparams_in_state) for stage in opt.stages)
+
+
+def checked(opt: Update) -> Update:
+    """Checks the values a jitted step reads against their declared domains, through ``jax.experimental.checkify``.
+
+    Outside ``jax.jit`` every value that enters a pipeline is checked in
+    Python: options when the object is built (or first used, after a tree
+    map), held hyperparameters on every eager ``update``, a schedule's values
+    when they are concrete. Under ``jax.jit`` those values are traced and
+    cannot raise: a held learning rate written by a framework (an NNX
+    variable set in place), a hyperparameter passed into the step, a
+    schedule's value. A checked pipeline adds a ``checkify.check`` for each of
+    them to the step, with the message an eager step raises. Run the step
+    under ``checkify.checkify`` and call ``err.throw()``: it raises
+    ``checkify.JaxRuntimeError`` naming the call, the option and the value.
+    Without ``checkify.checkify`` around it, a jitted checked step does not
+    trace (JAX asks for it). The numbers are the same as unchecked.
+
+    Args:
+        opt: an update object. No default.
+
+    Returns:
+        The same pipeline, printed inside ``checked(...)``, its wrapped
+        pipelines and groups checked too.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jax.experimental import checkify
+        >>> import updax as ux
+        >>> opt = ux.checked(ux.hyperparams_in_state(ux.optimizers.sgd(0.1)))
+        >>> opt
+        checked(hyperparams_in_state(scale_by_learning_rate(learning_rate=0.1)))
+        >>> params = {"w": jnp.ones(2)}
+        >>> state = opt.replace_state(opt.init(params), "scale_by_learning_rate.learning_rate", 0.5)
+        >>> step = checkify.checkify(jax.jit(opt.update))
+        >>> err, (u, state) = step({"w": jnp.ones(2)}, state, params)
+        >>> err.throw()  # nothing to report
+        >>> bad = jax.tree.map(lambda x: x, state)  # a framework writes a bad value in place:
+        >>> bad[0].hyperparams["learning_rate"] = jnp.float32(-1.0)
+        >>> err, _ = step({"w": jnp.ones(2)}, bad, params)
+        >>> err.throw()
+        Traceback (most recent call last):
+        ...
+        jax._src.checkify.JaxRuntimeError: scale_by_learning_rate(learning_rate=-1.0): learning_rate must be in [0, inf); the optimizer negates it; for gradient ascent pass maximize=True (held in the state) (`check` failed)
+    """
+    if not isinstance(opt, Update):
+        raise TypeError(f"checked(opt={opt!r}): expected an update object")
+    return Update(stage._checking(checked) for stage in opt.stages)

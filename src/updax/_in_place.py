@@ -104,14 +104,9 @@ def _declares(stage: Stage) -> bool:
 
 
 def _wrapped(stage: Stage) -> dict[Any, Any]:
-    """The pipelines the stage runs inside it, by where their state is in its own: ``wraps``'s as the ``inner``
-    field, a dict of pipelines (``partition``'s) by key of an ``inner`` dict."""
-    if stage.wraps is not None:
-        return {None: stage.option(stage.wraps)}
-    for _, value in stage.options:
-        if isinstance(value, dict) and value and all(hasattr(v, "stages") for v in value.values()):
-            return dict(value)
-    return {}
+    """The pipelines the stage runs inside it (:meth:`updax.Stage.nested`), by where their state is in its own:
+    ``wraps``'s as the ``inner`` field, the groups of ``partition`` by key of an ``inner`` dict."""
+    return {key: pipeline for key, (_, pipeline) in stage.nested().items()}
 
 
 def _ordered_pipeline(stages: Sequence[Stage], old: tuple, new: tuple, treedef: Any, params: list, sums: list,

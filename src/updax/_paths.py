@@ -1,7 +1,8 @@
 """The state-path language: a stage's state, a field of it or a hyperparameter, by name.
 
 A path is ``"name"``, ``"name[k]"`` (the k-th stage of that name),
-``"wrapper/inner_name"`` (into the pipeline a wrapper stage runs), and
+``"wrapper/inner_name"`` (into the pipeline a wrapper stage runs),
+``"partition/label/inner_name"`` (into the pipeline of one group), and
 optionally ``".field"`` at the end: a field of the stage's state or one of
 its hyperparameters.
 """
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
+from updax._domains import field_domain, fits_dtype, is_concrete
 from updax._stage import ScheduledState, Stage
 
 __all__ = ["get_state", "replace_state"]
@@ -23,14 +25,32 @@ __all__ = ["get_state", "replace_state"]
 _SELECTOR = re.compile(r"^(?P<name>[A-Za-z_][\w]*)(?:\[(?P<index>\d+)\])?$")
 
 
-def _resolve(pipeline, path: str) -> tuple[list[tuple[int, str | None]], str | None, Stage]:
-    """Turns ``"a/b[1].field"`` into ([(stage index, wrapped option or None)], field, last stage)."""
+def _group(stage: Stage, selector: str, path: str) -> Any:
+    """The key of the pipeline ``selector`` names among those ``stage`` runs inside it (a group label, as the
+    label prints with ``str``), or None for a wrapper's one pipeline."""
+    nested = stage.nested()
+    if not nested:
+        raise KeyError(f"{path!r}: {stage.label} runs no pipeline inside it")
+    if None in nested:
+        return None
+    for label in nested:
+        if str(label) == selector:
+            return label
+    raise KeyError(f"{path!r}: {stage.label} has no group {selector!r} (groups: {[str(k) for k in nested]})")
+
+
+def _resolve(pipeline, path: str) -> tuple[list[tuple[int, tuple | None]], str | None, Stage]:
+    """Turns ``"a/b[1].field"`` into ``([(stage index, (state field, group key) or None)], field, last stage)``:
+    after a wrapper the next selector names a stage of the pipeline it wraps; after a stage that runs groups
+    (``partition``) it names a group by its label, then a stage of that group's pipeline
+    (``"partition/adam/scale_by_adam.mu"``)."""
     if not isinstance(path, str) or not path:
         raise TypeError(f"a state path is a string like 'scale_by_adam.mu', got {path!r}")
     stages_part, _, field = path.partition(".")
     selectors = stages_part.split("/")
-    steps, current, stage = [], pipeline, None
-    for depth, selector in enumerate(selectors):
+    steps, current, stage, depth = [], pipeline, None, 0
+    while depth < len(selectors):
+        selector = selectors[depth]
         match = _SELECTOR.match(selector)
         if not match:
             raise KeyError(f"bad stage selector {selector!r} in {path!r}: use 'name' or 'name[k]'")
@@ -46,13 +66,35 @@ def _resolve(pipeline, path: str) -> tuple[list[tuple[int, str | None]], str | N
             raise KeyError(f"{path!r}: there are only {len(found)} stages named {name!r}")
         position = found[int(index or 0)]
         stage = current.stages[position]
-        last = depth == len(selectors) - 1
-        if not last and stage.wraps is None:
-            raise KeyError(f"{path!r}: {selector} wraps no pipeline")
-        steps.append((position, None if last else stage.wraps))
-        if not last:
-            current = stage.option(stage.wraps)
+        depth += 1
+        if depth == len(selectors):
+            steps.append((position, None))
+            break
+        key = _group(stage, selectors[depth], path)
+        if key is not None:
+            depth += 1  # the selector was the group's label
+            if depth == len(selectors):
+                raise KeyError(f"{path!r}: name a stage of group {key!r} after it ('.../{key}/<stage>')")
+        state_field, current = stage.nested()[key]
+        steps.append((position, (state_field, key)))
     return steps, field or None, stage
+
+
+def _inside(node: Any, via: tuple) -> Any:
+    """The state of a nested pipeline: the wrapper's field, or the group's entry of it."""
+    state_field, key = via
+    node = getattr(_own(node), state_field)
+    return node if key is None else node[key]
+
+
+def _with_inside(node: Any, via: tuple, value: Any) -> Any:
+    """``node`` (a stage's state entry) with the nested pipeline's state at ``via`` replaced by ``value``."""
+    state_field, key = via
+    own = _own(node)
+    if key is not None:
+        value = {**getattr(own, state_field), key: value}
+    own = own._replace(**{state_field: value})
+    return node._replace(state=own) if isinstance(node, ScheduledState) else own
 
 
 def _own(entry):
@@ -75,17 +117,17 @@ def _where(path: str, stage: Stage, entry, field: str) -> str:
 
 def _entry(pipeline, state, steps, call):
     node, current = state, pipeline
-    for position, wrapped in steps:
+    for position, via in steps:
         if not isinstance(node, (tuple, list)) or len(node) != len(current.stages):
             got = (f"a {type(node).__name__} of length {len(node)}" if isinstance(node, (tuple, list))
                    else _tree.describe(node))
             raise TypeError(f"{call}: expected the state of {current!r} (the tuple of {len(current.stages)} stage "
                             f"states its init() returns), got {got}")
-        if wrapped is not None:
-            current = current.stages[position].option(wrapped)
+        stage = current.stages[position]
         node = node[position]
-        if wrapped is not None:
-            node = getattr(_own(node), wrapped)
+        if via is not None:
+            current = stage.nested()[via[1]][1]
+            node = _inside(node, via)
     return node
 
 
@@ -115,20 +157,26 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
         raise KeyError(f"replace_state({path!r}): {field} is a hyperparameter, not state; build the "
                        f"update object with the new value (or a schedule) instead, or keep the hyperparameters "
                        f"in the state with ux.hyperparams_in_state(opt)")
-    value = _like(path, get_state(pipeline, state, path), value)
+    old = get_state(pipeline, state, path)
+    call = f"replace_state({path!r})"
+    if where == "scheduled":  # a held hyperparameter: its option's domain and relations, then the state's dtype
+        if is_concrete(value):
+            stage._check_values({**entry.hyperparams, field: _numbers(call, value)}, [field],
+                                f"written by {call}")
+        value = _like(call, old, value, [None])
+    else:
+        declared = _field_domains(entry if field is None else _own(entry), field)
+        value = _like(call, old, value, declared, stage.label, path)
 
     def rebuild(node, depth):
-        position, wrapped = steps[depth]
+        position, via = steps[depth]
         child = node[position]
-        if wrapped is not None or field is not None:
-            own = _own(child)
-            if wrapped is not None:
-                own = own._replace(**{wrapped: rebuild(getattr(own, wrapped), depth + 1)})
-            elif where == "scheduled":  # a held hyperparameter
-                return tuple(node[:position]) + (child._replace(hyperparams={**child.hyperparams, field: value}),) \
-                    + tuple(node[position + 1:])
-            else:
-                own = own._replace(**{field: value})
+        if via is not None:
+            child = _with_inside(child, via, rebuild(_inside(child, via), depth + 1))
+        elif where == "scheduled":  # a held hyperparameter
+            child = child._replace(hyperparams={**child.hyperparams, field: value})
+        elif field is not None:
+            own = _own(child)._replace(**{field: value})
             child = child._replace(state=own) if isinstance(child, ScheduledState) else own
         else:
             child = value
@@ -137,21 +185,55 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
     return rebuild(state, 0)
 
 
-def _like(path, old, value):
-    """Casts ``value`` to the structure, shapes and dtypes of ``old``; refuses values the dtype cannot hold."""
-    call = f"replace_state({path!r})"
+def _numbers(call: str, value: Any) -> Any:
+    """``value`` as a NumPy array, or a TypeError naming the call."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{call}: the new value is {value!r}, not a number or an array") from None
+
+
+def _field_domains(node: Any, field: str | None) -> list:
+    """What each leaf of ``node`` (or of its ``field``) is declared to hold, in flattening order: the domain of
+    the innermost NamedTuple field annotated with one (``count: Count``) above the leaf, else None."""
+    base = None
+    if field is not None:
+        base = field_domain(type(node), field) if hasattr(node, "_fields") else None
+        node = getattr(node, field)
+    found = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(node)[0]:
+        current, domain = node, base
+        for key in path:
+            if isinstance(key, jax.tree_util.GetAttrKey):
+                if hasattr(current, "_fields"):
+                    domain = field_domain(type(current), key.name) or domain
+                current = getattr(current, key.name)
+            elif isinstance(key, jax.tree_util.SequenceKey):
+                current = current[key.idx]
+            elif isinstance(key, jax.tree_util.DictKey):
+                current = current[key.key]
+            else:
+                break
+        found.append(domain)
+    return found
+
+
+def _like(call, old, value, domains, label=None, path=None):
+    """Casts ``value`` to the structure, shapes and dtypes of ``old``, refusing what the dtype cannot hold and
+    what a leaf's declared domain (``domains``, one per leaf of ``old``) refuses."""
+    declared = iter(domains)
 
     def cast(where, o, v):
+        domain = next(declared, None)
         if not isinstance(o, (jax.Array, np.ndarray, np.generic)):
             return v
         leaf = f"the new value{jax.tree_util.keystr(where)}"
         if not isinstance(v, jax.core.Tracer):
-            try:
-                given = np.asarray(v)
-            except (TypeError, ValueError):
-                raise TypeError(f"{call}: {leaf} is {v!r}, not a number or an array") from None
-            counter = "count" in jax.tree_util.keystr(where) or (not where and path.endswith("count"))
-            _check_fits_dtype(call, leaf, given, o.dtype, counter)
+            given = _numbers(call, v)
+            fits_dtype(call, "value", given, o.dtype, leaf)
+            if domain is not None:
+                field = path.rpartition(".")[2] if path and "." in path and not where else "value"
+                domain.check_values(call, field, given, leaf)
         v = jnp.asarray(v, dtype=o.dtype)
         if v.shape != o.shape:
             raise ValueError(f"{call}: shape {v.shape} differs from the current {o.shape}")
@@ -161,20 +243,3 @@ def _like(path, old, value):
         return cast((), old, value)
     _tree.check_same_structure(call, old, value, "the current state", "the new value")
     return jax.tree_util.tree_map_with_path(cast, old, value)
-
-
-def _check_fits_dtype(call, leaf, value, dtype, counter):
-    """Raises unless every element of ``value`` is exactly representable as ``dtype`` (no wrap, no truncation)."""
-    dtype = jnp.dtype(dtype)
-    if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
-        raise TypeError(f"{call}: {leaf} has dtype {value.dtype}, not a number")
-    if np.issubdtype(value.dtype, np.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        raise TypeError(f"{call}: {leaf} is complex but the state holds {dtype.name}")
-    if jnp.issubdtype(dtype, jnp.integer):
-        info = jnp.iinfo(dtype)
-        low = 0 if counter else info.min
-        if np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value) & (value == np.round(value))):
-            raise ValueError(f"{call}: {leaf} must hold whole numbers for the {dtype.name} state, got {value}")
-        if value.size and (np.min(value) < low or np.max(value) > info.max):
-            raise ValueError(f"{call}: {leaf} must be in [{low}, {info.max}] for the {dtype.name} state"
-                             f"{' (a step counter)' if counter else ''}, got {value}")

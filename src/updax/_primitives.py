@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
+from updax._domains import Domain, Relation
 from updax._stage import Stage
 from updax._update import Update
 
@@ -18,6 +19,7 @@ __all__ = ["apply_updates", "compose", "identity", "stateful", "stateless"]
 
 @combinator
 def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options: Mapping[str, Any] | None = None,
+              domains: Mapping[str, Domain] | None = None, relations: Iterable[Relation] = (),
               needs_params: bool = False, static: Iterable[str] = (), schedulable: Iterable[str] = (),
               per_example: bool = False, elementwise: bool = False) -> Update:
     """A stage without state.
@@ -35,7 +37,17 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
             retrace when they change); other values are static and must be
             hashable or pytrees of hashable values. A callable option
             reaches the kernel as a function unless it is ``schedulable``.
+            Every option must be a parameter of a kernel (unless a kernel
+            takes ``**kwargs``): a misspelt one is refused. Default: ``None``.
+        domains: what each option may hold, ``{option: Domain}`` (see
+            :mod:`updax.domains`): checked when the stage is built, when a
+            held value is written (``replace_state``) or read on an eager
+            step, on the values a schedule returns, and on an object rebuilt
+            by a tree map. An option without a domain is unchecked.
             Default: ``None``.
+        relations: rules between options that no single domain says
+            (:class:`updax.domains.Relation`), checked on the same paths.
+            Default: ``()``.
         needs_params: raise a clear error when ``update`` gets no params.
             Default: ``False``.
         static: option names kept static (part of the compiled structure)
@@ -72,13 +84,15 @@ def stateless(apply_fn: Callable[..., Any], *, name: str | None = None, options:
         {'w': Array([-1.], dtype=float32)}
     """
     stage = Stage(name, None, apply_fn, options or {}, needs_params=needs_params, static=static,
-                  schedulable=schedulable, per_example=per_example, elementwise=elementwise)
+                  schedulable=schedulable, per_example=per_example, elementwise=elementwise, domains=domains,
+                  relations=relations)
     return Update((stage,))
 
 
 @combinator
 def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name: str | None = None,
-             options: Mapping[str, Any] | None = None, needs_params: bool = False, static: Iterable[str] = (),
+             options: Mapping[str, Any] | None = None, domains: Mapping[str, Domain] | None = None,
+             relations: Iterable[Relation] = (), needs_params: bool = False, static: Iterable[str] = (),
              schedulable: Iterable[str] = (), wraps: str | None = None, per_example: bool = False,
              elementwise: bool = False, state_last: Iterable[str] = ()) -> Update:
     """A stage with state.
@@ -94,6 +108,10 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             ``stateful(init_fn, apply_fn, ...)``).
         options: a mapping of options (see :func:`stateless`).
             Default: ``None``.
+        domains: what each option may hold (see :func:`stateless`).
+            Default: ``None``.
+        relations: rules between options (see :func:`stateless`).
+            Default: ``()``.
         needs_params: raise a clear error when ``update`` gets no params.
             Default: ``False``.
         static: option names kept static even when numeric. Default: ``()``.
@@ -144,7 +162,7 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
     """
     stage = Stage(name, init_fn, apply_fn, options or {}, needs_params=needs_params, static=static,
                   schedulable=schedulable, wraps=wraps, per_example=per_example, elementwise=elementwise,
-                  state_last=state_last)
+                  state_last=state_last, domains=domains, relations=relations)
     return Update((stage,))
 
 

@@ -1,16 +1,23 @@
 """Stages: one combinator in a pipeline, its kernels, its options and what the name of a stage binds.
 
-A stage is a name, one or two kernels and its options. Numeric options (and
+A stage is a :class:`Declaration` (its name, kernels, option names and what
+it declares about them) and the values of its options. Numeric options (and
 nested pipelines, schedule objects) are pytree leaves; everything else
 (flags, dtypes, functions) is static structure. An option is evaluated as a
 schedule only where the stage declares it ``schedulable`` and its value is
 callable; any other callable option reaches the kernels as a function.
 
-A stage name binds its kind: the kernels, the option names and the
-declarations (``needs_params``, ``wraps``, ``static``, ``schedulable``,
-``per_example``, ``elementwise``, ``state_last``). Two
+A stage name binds its declaration: the kernels, the option names, their
+domains and relations, and the other declarations (``wraps``, ``static``,
+``schedulable``, ``per_example``, ``elementwise``, ``state_last``). Two
 stages of one name are therefore the same computation whenever their options
 are equal, which is what lets a pipeline print as its identity.
+
+Every option's domain is checked where its value enters (see
+:mod:`updax._domains`): when the stage is built; on first use, for a stage
+rebuilt from other leaves by a tree map; on every eager step, for the values
+held in the state and those a schedule returns; under ``jax.jit`` where the
+pipeline is :func:`updax.checked`.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _tree
+from updax._domains import Count, Domain, Pipelines, Relation, is_concrete, message
 from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, is_number, key_of, keywords
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates", "without_examples"]
+__all__ = ["Declaration", "EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates",
+           "reserve_name", "without_examples"]
 
 
 class EmptyState(NamedTuple):
@@ -42,7 +52,7 @@ class ScheduledState(NamedTuple):
     """
 
     state: Any
-    count: jax.Array
+    count: Count
     hyperparams: dict[str, jax.Array]
 
 
@@ -50,57 +60,110 @@ class ScheduledState(NamedTuple):
 _UNNAMED = ("stateless", "stateful")
 
 
-class _Kind(NamedTuple):
-    """What a stage name binds. (``needs_params`` is not bound: a factory may derive it from the options, as
-    ``scale_by_novograd`` does from its decay; it must follow from the options, which print.)"""
+class Declaration(NamedTuple):
+    """Everything a stage declares, as one value: what a stage name binds.
 
+    ``domains`` are ``(option, Domain)`` pairs sorted by option (an option
+    with none is unchecked), ``relations`` the rules between options.
+    (``needs_params`` is not declared here: a factory may derive it from the
+    options, as ``scale_by_novograd`` does from its decay; it must follow
+    from the options, which print.)
+    """
+
+    name: str | None
     init_fn: Callable[..., Any] | None
     apply_fn: Callable[..., Any]
     option_names: frozenset[str]
-    wraps: str | None
-    static: frozenset[str]
-    schedulable: frozenset[str]
+    wraps: str | None = None
+    static: frozenset[str] = frozenset()
+    schedulable: frozenset[str] = frozenset()
     per_example: bool = False
     elementwise: bool = False
     state_last: frozenset[str] = frozenset()
+    domains: tuple[tuple[str, Domain], ...] = ()
+    relations: tuple[Relation, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The name used in ``repr``, state paths and messages."""
+        return self.name if self.name is not None else _UNNAMED[0] if self.init_fn is None else _UNNAMED[1]
+
+    def domain(self, option: str) -> Domain | None:
+        for key, domain in self.domains:
+            if key == option:
+                return domain
+        return None
 
     def origin(self) -> tuple:
-        """The kernels by the name they are found under; a kernel found under no name (a lambda, a closure)
-        is itself, so that only the same object matches it."""
-        return tuple(None if f is None else (function_name(f) or f) for f in (self.init_fn, self.apply_fn))
+        """The kernels by where they are defined, so that running a definition again (a re-run notebook cell,
+        a reloaded module) binds the same name again: see :func:`_origin`."""
+        return tuple(None if f is None else _origin(f) for f in (self.init_fn, self.apply_fn))
 
     def describe(self) -> str:
         kernels = ", ".join(format_value(f) for f in (self.init_fn, self.apply_fn) if f is not None)
         return (f"kernels {kernels}; options {sorted(self.option_names)}; wraps={self.wraps!r}; "
                 f"static={sorted(self.static)}; schedulable={sorted(self.schedulable)}; "
                 f"per_example={self.per_example}; elementwise={self.elementwise}; "
-                f"state_last={sorted(self.state_last)}")
+                f"state_last={sorted(self.state_last)}; domains={dict(self.domains)}; "
+                f"relations={[r.text for r in self.relations]}")
 
 
-_KINDS: dict[str, _Kind] = {}
+def _origin(fn: Any) -> Any:
+    """Where a kernel is defined: ``(module, qualified name)`` for a function defined at the top of a module or
+    a class (found again there by a re-run or a reload); for a lambda or a function defined inside another,
+    its module, name and code when it closes over nothing (a re-run cell defines the same code again), else
+    the object itself (a closure's values are part of what it computes)."""
+    qualname, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if not isinstance(qualname, str) or not isinstance(module, str):
+        return fn
+    if "<" not in qualname:
+        return module, qualname
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__closure__", None) or getattr(fn, "__defaults__", None) \
+            or getattr(fn, "__kwdefaults__", None):
+        return fn
+    return module, qualname, code.co_code, repr(code.co_consts), code.co_names, code.co_varnames
 
 
-def _bind(name: str, kind: _Kind) -> None:
-    """Binds ``name`` to ``kind``, or raises if the name already means another computation.
+_DECLARED: dict[str, Declaration] = {}
 
-    Redefining the same kernels (a reloaded module, a re-run notebook cell:
-    the same module and qualified names) rebinds the name.
+#: Stage names kept for the catalogue's stages from import on: name -> the module whose kernels may bind it.
+_RESERVED: dict[str, str] = {}
+
+
+def reserve_name(name: str, module: str) -> None:
+    """Keeps ``name`` for a stage whose update kernel is defined in ``module`` (the catalogue combinator's own):
+    no other stage can take it, whether or not the catalogue has built its stage yet."""
+    _RESERVED.setdefault(name, module)
+
+
+def _bind(declaration: Declaration) -> None:
+    """Binds the declaration's name to it, or raises if the name already means another computation.
+
+    Running a definition again (a re-run notebook cell, a reloaded module:
+    the kernels' module and qualified names are the same) binds the name
+    again.
     """
-    bound = _KINDS.get(name)
-    if bound == kind:
+    name = declaration.name
+    module = _RESERVED.get(name)
+    if module is not None and getattr(declaration.apply_fn, "__module__", None) != module:
+        raise ValueError(f"stage name {name!r} is updax's (ux.{name}); give your stage another name")
+    bound = _DECLARED.get(name)
+    if bound == declaration:
         return
-    if bound is not None and bound.origin() != kind.origin():
+    if bound is not None and bound.origin() != declaration.origin():
         hint = ""
-        if any(callable(o) for o in kind.origin()):  # a kernel found under no name
-            hint = (" (a kernel defined inside a function or as a lambda is a new object on every call: define "
-                    "it once at module level and pass what varies as options)")
-        raise ValueError(f"stage name {name!r} is already bound to {bound.describe()}; a stage with "
-                         f"{kind.describe()} needs a name of its own (a name is bound once per process){hint}")
-    if bound is not None and bound._replace(init_fn=None, apply_fn=None) != kind._replace(init_fn=None, apply_fn=None):
-        same_kernels = bound.init_fn is kind.init_fn and bound.apply_fn is kind.apply_fn
-        if same_kernels:  # one definition, two declarations: a mistake in the factory
-            raise ValueError(f"stage {name!r} is declared two ways: {bound.describe()}; and {kind.describe()}")
-    _KINDS[name] = kind
+        if any(not isinstance(o, tuple) for o in declaration.origin() if o is not None):  # a closure
+            hint = (" (a kernel that closes over values is a new computation on every call: define it once at "
+                    "module level and pass what varies as options)")
+        raise ValueError(f"stage name {name!r} is taken by {format_value(bound.apply_fn)}; give the stage with "
+                         f"{format_value(declaration.apply_fn)} another name{hint}")
+    if bound is not None and bound._replace(init_fn=None, apply_fn=None) != \
+            declaration._replace(init_fn=None, apply_fn=None):
+        if bound.init_fn is declaration.init_fn and bound.apply_fn is declaration.apply_fn:
+            # one definition, two declarations: a mistake in the factory
+            raise ValueError(f"stage {name!r} is declared two ways: {bound.describe()}; and {declaration.describe()}")
+    _DECLARED[name] = declaration
 
 
 def _names(call: str, what: str, names: Iterable[str], options: Mapping[str, Any]) -> frozenset[str]:
@@ -113,8 +176,7 @@ def _names(call: str, what: str, names: Iterable[str], options: Mapping[str, Any
     return names
 
 
-def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | None,
-            wraps: str | None) -> frozenset[str]:
+def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | None) -> frozenset[str]:
     """``state_last`` checked: field names (identifiers) of a stateful stage (a wrapper's ``wraps`` field among
     them: its pipeline's whole state, see :func:`updax.stateful`)."""
     if isinstance(state_last, str):
@@ -129,73 +191,86 @@ def _fields(call: str, state_last: Iterable[str], init_fn: Callable[..., Any] | 
     return fields
 
 
+def _declared_domains(call: str, domains: Mapping[str, Any] | None, options: Mapping[str, Any]) -> tuple:
+    if domains is None:
+        return ()
+    if not isinstance(domains, Mapping):
+        raise TypeError(f"{call}(domains={domains!r}): domains must be a mapping {{option: Domain}}")
+    unknown = sorted(set(domains) - set(options))
+    if unknown:
+        raise ValueError(f"{call}(domains=...): {unknown} are not options of the stage (options: {sorted(options)})")
+    for key, domain in domains.items():
+        if not isinstance(domain, Domain):
+            raise TypeError(f"{call}(domains=...): the domain of {key} must be a Domain (ux.domains), got {domain!r}")
+    return tuple(sorted(domains.items()))
+
+
+def _declared_relations(call: str, relations: Iterable[Relation], options: Mapping[str, Any]) -> tuple:
+    relations = tuple(relations)
+    for relation in relations:
+        if not isinstance(relation, Relation):
+            raise TypeError(f"{call}(relations=...): expected Relation values (ux.domains.Relation), got {relation!r}")
+        unknown = sorted(set(relation.names) - set(options))
+        if unknown:
+            raise ValueError(f"{call}(relations=...): {relation.text!r} names {unknown}, which are not options of "
+                             f"the stage (options: {sorted(options)})")
+    return relations
+
+
+def _check_kernel_options(call: str, init_fn, apply_fn, options: Mapping[str, Any]) -> None:
+    """Every option is a parameter of a kernel (or a kernel takes ``**kwargs``): a misspelt option is refused
+    when the stage is built, not silently left out of every call."""
+    taken = [keywords(f) for f in (init_fn, apply_fn) if f is not None]
+    if any(t is None for t in taken):
+        return
+    accepted = frozenset().union(*taken)
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        shown = "; ".join(f"{role} takes {sorted(t - {'updates', 'state', 'params'})}"
+                          for role, t in zip(("init_fn", "apply_fn") if init_fn is not None else ("apply_fn",), taken))
+        raise ValueError(f"{call}(options=...): {', '.join(map(repr, unknown))} "
+                         f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of its kernels "
+                         f"({shown})")
+
+
 class Stage:
-    """One combinator in a pipeline: a name, its kernels and its options.
+    """One combinator in a pipeline: its declaration and the values of its options.
 
     Users rarely build a :class:`Stage` directly: :func:`updax.stateless` and
-    :func:`updax.stateful` do. ``init_fn`` is None for a stateless stage.
-    Options are passed by keyword to each kernel that names them in its
-    signature. ``wraps`` names the option holding the pipeline a wrapper stage
-    runs (its state lives in the state field of the same name). Options named
-    in ``schedulable`` may be schedules ``count -> value``: the stage then
-    evaluates them at its own step count and the kernels see the number.
-    Options named in ``static`` are structure even when numeric. A
-    ``per_example`` stage gets updates with a leading axis of examples (one
-    gradient per example) and returns them reduced, shaped like the params.
-    An ``elementwise`` stage computes each element from the same element of
-    its inputs and state, and from scalars (its options, counts, reductions
-    over all leaves together), so it computes the same on the leaves joined
-    into one buffer (:func:`updax.flat_state`). ``state_last`` names the
-    fields of its state whose old values the updates read: under ``jax.jit``
-    on the CPU their new values are written after the params' update, so
-    that XLA updates their donated buffers in place (see
-    :func:`updax.stateful`); a wrapper may name its ``wraps`` field, and
-    when its pipeline is elementwise every leaf of that pipeline's state
-    shaped like a param is then written after that param.
+    :func:`updax.stateful` do, and their docstrings describe each
+    declaration. ``init_fn`` is None for a stateless stage.
 
     Attributes:
-        name: the name given, or None (then ``label`` is ``"stateless"`` or
-            ``"stateful"``).
-        init_fn: ``init_fn(params, **options) -> state``, or None.
-        apply_fn: the update kernel.
-        options: the options as ``((name, value), ...)``, copied at
-            construction (static pytrees as frozen copies).
+        declaration: the :class:`Declaration` its name binds (kernels, option
+            names, domains, relations, flags); its fields read as attributes
+            of the stage (``stage.wraps``, ``stage.schedulable``, ...).
+        options: the options as ``((name, value), ...)``, checked against
+            their domains and copied at construction (static pytrees as
+            frozen copies).
         needs_params: whether ``update`` must be given params.
-        wraps: the option holding a wrapped pipeline, or None.
-        static: options kept static even when numeric.
-        schedulable: options evaluated per step when their value is callable.
         dynamic: options that are pytree leaves (derived).
         scheduled: options whose value is a schedule (derived).
         held: options whose value lives in the state (see
             :func:`updax.hyperparams_in_state`); empty unless asked for.
-        per_example: whether the updates it gets carry a leading axis of
-            examples, which it reduces away.
-        elementwise: whether its rule is element by element (see above).
-        state_last: the state fields written after the params' update.
+        checked: whether its traced values are checked under ``jax.jit``
+            (see :func:`updax.checked`).
     """
 
-    __slots__ = ("name", "init_fn", "apply_fn", "options", "needs_params", "wraps", "static", "schedulable",
-                 "dynamic", "scheduled", "held", "per_example", "elementwise", "state_last")
+    __slots__ = ("declaration", "options", "needs_params", "held", "checked", "dynamic", "scheduled", "_valid")
 
-    name: str | None
-    init_fn: Callable[..., Any] | None
-    apply_fn: Callable[..., Any]
+    declaration: Declaration
     options: tuple[tuple[str, Any], ...]
     needs_params: bool
-    wraps: str | None
-    static: frozenset[str]
-    schedulable: frozenset[str]
+    held: frozenset[str]
+    checked: bool
     dynamic: frozenset[str]
     scheduled: frozenset[str]
-    held: frozenset[str]
-    per_example: bool
-    elementwise: bool
-    state_last: frozenset[str]
 
     def __init__(self, name: str | None, init_fn: Callable[..., Any] | None, apply_fn: Callable[..., Any],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *, needs_params: bool = False,
                  wraps: str | None = None, static: Iterable[str] = (), schedulable: Iterable[str] = (),
-                 per_example: bool = False, elementwise: bool = False, state_last: Iterable[str] = ()) -> None:
+                 per_example: bool = False, elementwise: bool = False, state_last: Iterable[str] = (),
+                 domains: Mapping[str, Domain] | None = None, relations: Iterable[Relation] = ()) -> None:
         call = name or ("stateless" if init_fn is None else "stateful")
         if name is not None and (not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
                                  or name in _UNNAMED):
@@ -212,37 +287,62 @@ class Stage:
         schedulable = _names(call, "schedulable", schedulable, options)
         if static & schedulable:
             raise ValueError(f"{call}: options {sorted(static & schedulable)} cannot be both static and schedulable")
-        if not isinstance(needs_params, bool):
-            raise TypeError(f"{call}(needs_params={needs_params!r}): needs_params must be True or False")
-        if not isinstance(per_example, bool):
-            raise TypeError(f"{call}(per_example={per_example!r}): per_example must be True or False")
-        if not isinstance(elementwise, bool):
-            raise TypeError(f"{call}(elementwise={elementwise!r}): elementwise must be True or False")
+        for flag, value in (("needs_params", needs_params), ("per_example", per_example),
+                            ("elementwise", elementwise)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{call}({flag}={value!r}): {flag} must be True or False")
         if elementwise and (per_example or wraps is not None):
             raise ValueError(f"{call}: a wrapper or per-example stage cannot be elementwise")
         if per_example and wraps is not None:
             raise ValueError(f"{call}: a wrapper stage cannot take per-example updates")
-        state_last = _fields(call, state_last, init_fn, wraps)
+        state_last = _fields(call, state_last, init_fn)
         if wraps is not None and not _is_pipeline(options.get(wraps)):
             raise TypeError(f"{call}: option {wraps!r} must be an update object (the pipeline it wraps)")
+        _check_kernel_options(call, init_fn, apply_fn, options)
+        declaration = Declaration(name, init_fn, apply_fn, frozenset(options), wraps, static, schedulable,
+                                  per_example, elementwise, state_last, _declared_domains(call, domains, options),
+                                  _declared_relations(call, relations, options))
         if name is not None:
-            kind = _Kind(init_fn, apply_fn, frozenset(options), wraps, static, schedulable, per_example, elementwise,
-                         state_last)
-            _bind(name, kind)
-        stored = tuple((k, _store(call, k, v, static)) for k, v in options.items())
-        self._set(name, init_fn, apply_fn, stored, needs_params, wraps, static, schedulable, per_example=per_example,
-                  elementwise=elementwise, state_last=state_last)
+            _bind(declaration)
+        checked = {k: _checked_option(declaration, k, v) for k, v in options.items()}
+        for relation in declaration.relations:
+            relation.check(call, checked)
+        stored = tuple((k, _store(call, k, v, static)) for k, v in checked.items())
+        self._set(declaration, stored, needs_params)
 
-    def _set(self, name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic=None,
-             scheduled=None, held=frozenset(), per_example=False, elementwise=False, state_last=frozenset()):
+    def _set(self, declaration: Declaration, options: tuple, needs_params: bool, held: frozenset = frozenset(),
+             checked: bool = False, dynamic: frozenset | None = None, scheduled: frozenset | None = None,
+             valid: bool = True) -> None:
         if dynamic is None:  # derived at construction; a pytree round trip carries them unchanged
             dynamic = frozenset(k for k, v in options
-                                if k not in static and not isinstance(v, Frozen) and is_dynamic(v))
-            scheduled = frozenset(k for k, v in options if k in schedulable and callable(v))
-        for slot, value in zip(self.__slots__, (name, init_fn, apply_fn, options, needs_params, wraps, static,
-                                                schedulable, dynamic, scheduled, held, per_example, elementwise,
-                                                state_last)):
+                                if k not in declaration.static and not isinstance(v, Frozen) and is_dynamic(v))
+            scheduled = frozenset(k for k, v in options if k in declaration.schedulable and callable(v))
+        for slot, value in zip(self.__slots__, (declaration, options, needs_params, held, checked, dynamic,
+                                                scheduled, valid)):
             object.__setattr__(self, slot, value)
+
+    def _copy(self, **changes: Any) -> Stage:
+        """This stage with some of ``options``, ``held`` and ``checked`` replaced (its declaration unchanged)."""
+        fields = dict(options=self.options, held=self.held, checked=self.checked)
+        fields.update(changes)
+        stage = Stage.__new__(Stage)
+        stage._set(self.declaration, fields["options"], self.needs_params, fields["held"], fields["checked"],
+                   valid=self._valid and "options" not in changes)
+        return stage
+
+    # --- the declaration, read as attributes --------------------------------
+
+    name = property(lambda self: self.declaration.name, doc="The name given, or None.")
+    init_fn = property(lambda self: self.declaration.init_fn, doc="The init kernel, or None (stateless).")
+    apply_fn = property(lambda self: self.declaration.apply_fn, doc="The update kernel.")
+    wraps = property(lambda self: self.declaration.wraps, doc="The option holding a wrapped pipeline, or None.")
+    static = property(lambda self: self.declaration.static, doc="Options kept static even when numeric.")
+    schedulable = property(lambda self: self.declaration.schedulable, doc="Options that may be schedules.")
+    per_example = property(lambda self: self.declaration.per_example, doc="Whether it takes per-example updates.")
+    elementwise = property(lambda self: self.declaration.elementwise, doc="Whether its rule is element by element.")
+    state_last = property(lambda self: self.declaration.state_last,
+                          doc="The state fields written after the params' update.")
+    label = property(lambda self: self.declaration.label, doc="The name used in ``repr`` and state paths.")
 
     def holdable(self) -> frozenset[str]:
         """The options :func:`updax.hyperparams_in_state` keeps in the state: the numbers and arrays among the
@@ -252,13 +352,22 @@ class Stage:
     def _holding(self, convert: Callable[[Any], Any]) -> Stage:
         """This stage with its holdable options kept in the state, and ``convert`` applied to every update object
         its options hold (the pipeline it wraps, partition's groups)."""
+        self.validate("hyperparams_in_state")
         options = tuple((k, v if k in self.static or isinstance(v, Frozen) else _map_pipelines(convert, v))
                         for k, v in self.options)
-        stage = Stage.__new__(Stage)
-        stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, self.dynamic, self.scheduled, per_example=self.per_example,
-                   elementwise=self.elementwise, state_last=self.state_last)
+        stage = self._copy(options=options)
         object.__setattr__(stage, "held", stage.holdable())
+        object.__setattr__(stage, "_valid", True)
+        return stage
+
+    def _checking(self, convert: Callable[[Any], Any]) -> Stage:
+        """This stage checked under ``jax.jit`` (:func:`updax.checked`), and every update object its options hold
+        through ``convert``."""
+        self.validate("checked")
+        options = tuple((k, v if k in self.static or isinstance(v, Frozen) else _map_pipelines(convert, v))
+                        for k, v in self.options)
+        stage = self._copy(options=options, checked=True)
+        object.__setattr__(stage, "_valid", True)
         return stage
 
     @property
@@ -269,27 +378,90 @@ class Stage:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("update objects are immutable")
 
-    @property
-    def label(self) -> str:
-        """The name used in ``repr`` and state paths."""
-        if self.name is not None:
-            return self.name
-        return _UNNAMED[0] if self.init_fn is None else _UNNAMED[1]
-
     def option(self, key: str) -> Any:
         """The value of option ``key`` (a static pytree option as the tree it was given as)."""
         value = dict(self.options)[key]
         return value.tree if isinstance(value, Frozen) else value
 
+    def nested(self) -> dict[Any, tuple[str, Any]]:
+        """The pipelines this stage runs inside it, by key, each with the state field holding their states:
+        ``{None: (wraps, pipeline)}`` for a wrapper, ``{label: (field, pipeline)}`` for the groups of an option
+        declared :class:`~updax._domains.Pipelines` (``partition``'s, whose state is a dict by label)."""
+        if self.wraps is not None:
+            return {None: (self.wraps, self.option(self.wraps))}
+        for key, domain in self.declaration.domains:
+            if isinstance(domain, Pipelines):
+                return {label: (domain.field, pipeline) for label, pipeline in self.option(key).items()}
+        return {}
+
     def _with_option(self, key: str, value: Any) -> Stage:
-        """This stage with option ``key`` replaced (its kind unchanged)."""
-        stage = Stage.__new__(Stage)
+        """This stage with option ``key`` replaced (its declaration unchanged), checked against its domain."""
+        value = _checked_option(self.declaration, key, value)
         options = tuple((k, _store(self.label, k, value, self.static) if k == key else v) for k, v in self.options)
-        stage._set(self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                   self.schedulable, per_example=self.per_example, elementwise=self.elementwise,
-                   state_last=self.state_last)
+        stage = self._copy(options=options)
         object.__setattr__(stage, "held", self.held & stage.holdable())
+        object.__setattr__(stage, "_valid", self._valid)
         return stage
+
+    # --- checks of the values that enter after construction ------------------
+
+    def validate(self, where: str) -> None:
+        """Checks the concrete option values of a stage rebuilt from other leaves (a tree map over an update
+        object) against the declaration, once; ``where`` names the path that rebuilt it in the message."""
+        if self._valid:
+            return
+        values = dict(self.options)
+        complete = True
+        for key in sorted(self.dynamic - self.scheduled):
+            domain = self.declaration.domain(key)
+            value = values[key]
+            if domain is None or _is_pipeline(value) or isinstance(value, dict):
+                continue
+            if not is_concrete(value):
+                complete = False
+                continue
+            for leaf in jax.tree.leaves(value):
+                domain.check_values(self.label, key, np.asarray(leaf), where)
+        for relation in self.declaration.relations:
+            relation.check(self.label, values, where)
+        if complete:
+            object.__setattr__(self, "_valid", True)
+
+    def _check_values(self, values: Mapping[str, Any], keys: Iterable[str], where: str) -> None:
+        """Checks ``values[key]`` for ``keys`` against their domains and the relations: concrete ones in Python,
+        traced ones through ``checkify`` where the stage is checked."""
+        keys = sorted(keys)
+        if not keys:
+            return
+        concrete = {k: values[k] for k in keys if is_concrete(values[k])}
+        if concrete:
+            read = jax.device_get(concrete)
+            for key, value in read.items():
+                domain = self.declaration.domain(key)
+                if domain is not None:
+                    domain.check_values(self.label, key, np.asarray(value), where)
+        if self.checked:
+            from jax.experimental import checkify
+
+            for key in keys:
+                domain = self.declaration.domain(key)
+                if key not in concrete and domain is not None:
+                    holds = domain.holds(jnp.asarray(values[key]))
+                    if holds is not None:
+                        text = message(self.label, key, "<{}>", domain.refusal, where)
+                        checkify.check(holds, text.replace("<{}>", "{}", 1), values[key])
+        merged = {**dict(self.options), **values}
+        for relation in self.declaration.relations:
+            if set(relation.names) & set(keys):
+                picked = [merged[n] for n in relation.names]
+                if all(is_concrete(v) for v in picked):
+                    relation.check(self.label, merged, where)
+                elif self.checked and not any(callable(v) for v in picked):
+                    from jax.experimental import checkify
+
+                    shown = ", ".join(f"{n}={{}}" for n in relation.names)
+                    checkify.check(jnp.all(relation.rule(*(jnp.asarray(v) for v in picked))),
+                                   f"{self.label}({shown}): {relation.text} ({where})", *picked)
 
     @staticmethod
     def _kwargs(fn, values):
@@ -297,7 +469,8 @@ class Stage:
         return {k: v for k, v in values.items() if accepted is None or k in accepted}
 
     def _values(self, count):
-        """The options, with each schedule evaluated at ``count`` (at least float32; unused without schedules)."""
+        """The options, with each schedule evaluated at ``count`` (at least float32; unused without schedules),
+        its value checked against the option's domain."""
         values = {k: v.tree if isinstance(v, Frozen) else v for k, v in self.options}
         for key in self.scheduled:
             value = jnp.asarray(values[key](count))
@@ -308,10 +481,14 @@ class Stage:
             if jnp.issubdtype(value.dtype, jnp.floating):
                 value = value.astype(_tree.compute_dtype(value.dtype))
             values[key] = value
+        if self.scheduled:
+            at = f"at count {int(count)}" if is_concrete(count) else "at the step's count"
+            self._check_values(values, self.scheduled, f"the value its schedule returned {at}")
         return values
 
     def init(self, params: Any) -> Any:
         """The stage's initial state for ``params``."""
+        self.validate("an update object rebuilt by a tree map")
         count = _tree.zero_count()
         values = self._values(count)
         state = EmptyState() if self.init_fn is None else self.init_fn(params, **self._kwargs(self.init_fn, values))
@@ -326,6 +503,7 @@ class Stage:
             raise ValueError(
                 f"{self.label} needs params, but update() got none: call update(updates, state, params)"
             )
+        self.validate("an update object rebuilt by a tree map")
         outer = state
         if self.in_state:
             if not isinstance(state, ScheduledState):
@@ -333,7 +511,13 @@ class Stage:
                                  f"state must be the ScheduledState that init() returns, got {type(state).__name__}")
             state = outer.state
         values = self._values(outer.count if self.scheduled else None)
-        values.update({k: outer.hyperparams[k] for k in self.held})
+        if self.held:
+            values.update({k: outer.hyperparams[k] for k in self.held})
+            self._check_values(values, self.held, "held in the state")
+        if self.checked:
+            traced = [k for k in self.dynamic - self.in_state if not is_concrete(values[k])
+                      and not _is_pipeline(values[k]) and is_number(values[k])]
+            self._check_values(values, traced, "an option traced under jax.jit")
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         given = without_examples(self.label, updates) if self.per_example else updates
         if self.init_fn is None:
@@ -350,8 +534,7 @@ class Stage:
 
     def _key(self):
         options = tuple((k, key_of(v)) for k, v in self.options)
-        return (self.name, self.init_fn, self.apply_fn, options, self.needs_params, self.wraps, self.static,
-                self.schedulable, self.held, self.per_example, self.elementwise, self.state_last)
+        return (self.declaration, options, self.needs_params, self.held, self.checked)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Stage and self._key() == other._key()
@@ -360,9 +543,7 @@ class Stage:
         return hash(self._key())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore_stage, (self.name, self.init_fn, self.apply_fn, self.options, self.needs_params, self.wraps,
-                                 self.static, self.schedulable, self.held, self.per_example, self.elementwise,
-                                 self.state_last))
+        return (_restore_stage, (self.declaration, self.options, self.needs_params, self.held, self.checked))
 
     def _arguments(self, *, with_wrapped: bool) -> str:
         shown = []
@@ -379,6 +560,7 @@ class Stage:
 
     def __repr__(self) -> str:
         return self._arguments(with_wrapped=True)
+
 
 
 def without_examples(label: str, updates: Any) -> Any:
@@ -431,6 +613,14 @@ def _is_pipeline(value: Any) -> bool:
     return isinstance(stages, tuple) and all(isinstance(stage, Stage) for stage in stages)
 
 
+def _checked_option(declaration: Declaration, key: str, value: Any) -> Any:
+    """An option's value checked against its declared domain, as the domain stores it."""
+    domain = declaration.domain(key)
+    if domain is None:
+        return value
+    return domain.check(declaration.label, key, value, schedulable=key in declaration.schedulable)
+
+
 def _store(call, key, value, static):
     """An option as it is stored: a copy the caller cannot change, frozen if it is static and unhashable."""
     value = canonical(value)
@@ -448,14 +638,11 @@ def _store(call, key, value, static):
                         "or a pytree of them") from None
 
 
-def _restore_stage(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=frozenset(),
-                   per_example=False, elementwise=False, state_last=frozenset()):
-    if name is not None:
-        names = frozenset(k for k, _ in options)
-        _bind(name, _Kind(init_fn, apply_fn, names, wraps, static, schedulable, per_example, elementwise, state_last))
+def _restore_stage(declaration, options, needs_params, held=frozenset(), checked=False):
+    if declaration.name is not None:
+        _bind(declaration)
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, held=held,
-               per_example=per_example, elementwise=elementwise, state_last=state_last)
+    stage._set(declaration, options, needs_params, held, checked)
     return stage
 
 
@@ -481,20 +668,17 @@ def _map_pipelines(convert, value):
 def _flatten_stage(stage):
     children = [(jax.tree_util.GetAttrKey(k), v) for k, v in stage.options if k in stage.dynamic]
     static = tuple((k, None if k in stage.dynamic else v) for k, v in stage.options)
-    aux = (stage.name, stage.init_fn, stage.apply_fn, static, stage.needs_params, stage.wraps, stage.static,
-           stage.schedulable, stage.dynamic, stage.scheduled, stage.held, stage.per_example, stage.elementwise,
-           stage.state_last)
+    aux = (stage.declaration, static, stage.needs_params, stage.held, stage.checked, stage.dynamic, stage.scheduled)
     return children, aux
 
 
 def _unflatten_stage(aux, children):
-    (name, init_fn, apply_fn, static_options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-     per_example, elementwise, state_last) = aux
+    declaration, static_options, needs_params, held, checked, dynamic, scheduled = aux
     children = iter(children)
     options = tuple((k, next(children) if k in dynamic else v) for k, v in static_options)
     stage = Stage.__new__(Stage)
-    stage._set(name, init_fn, apply_fn, options, needs_params, wraps, static, schedulable, dynamic, scheduled, held,
-               per_example, elementwise, state_last)
+    # (its leaves may be anything a tree map made of them: checked against the declaration when it is used)
+    stage._set(declaration, options, needs_params, held, checked, dynamic, scheduled, valid=not dynamic)
     return stage
 
 

@@ -147,29 +147,18 @@ class Update:
         """The pipeline in pipe notation, its identity (see the class docstring).
 
         Stages whose hyperparameters live in the state (:func:`updax.hyperparams_in_state`) print inside
-        ``hyperparams_in_state(...)``: each run of them, with the stages after them that hold no number.
+        ``hyperparams_in_state(...)``: each run of them, with the stages after them that hold no number. Stages
+        checked under ``jax.jit`` (:func:`updax.checked`) print inside ``checked(...)``, each run of them.
         """
         if not self.stages:
             return "identity()"
         parts: list[str] = []
-        run: list[str] | None = None  # the held run being printed
-        for i, stage in enumerate(self.stages):
-            if i == 0 and stage.wraps is not None and stage.option(stage.wraps).stages:
-                # A leading wrapper wraps everything before it: that prints first.
-                parts.append(repr(stage.option(stage.wraps)))
-                text = stage._arguments(with_wrapped=False)
-            else:
-                text = repr(stage)
-            if stage.held or (run is not None and not stage.holdable()):
-                run = [] if run is None else run
-                run.append(text)
-                continue
-            if run is not None:
-                parts.append(f"hyperparams_in_state({' |> '.join(run)})")
-                run = None
-            parts.append(text)
-        if run is not None:
-            parts.append(f"hyperparams_in_state({' |> '.join(run)})")
+        start = 0
+        for end in range(1, len(self.stages) + 1):
+            if end == len(self.stages) or self.stages[end].checked != self.stages[start].checked:
+                text = _held_runs(self.stages, start, end)
+                parts.append(f"checked({text})" if self.stages[start].checked else text)
+                start = end
         return " |> ".join(parts)
 
     def hyperparams_in_state(self) -> Update:
@@ -178,6 +167,37 @@ class Update:
         from updax._held import hyperparams_in_state
 
         return hyperparams_in_state(self)
+
+    def checked(self) -> Update:
+        """This pipeline with its traced values checked under ``jax.jit`` (see :func:`updax.checked`)."""
+        from updax._held import checked
+
+        return checked(self)
+
+
+def _held_runs(stages: tuple[Stage, ...], start: int, end: int) -> str:
+    """``stages[start:end]`` in pipe notation, each run of held stages inside ``hyperparams_in_state(...)``."""
+    parts: list[str] = []
+    run: list[str] | None = None  # the held run being printed
+    for i in range(start, end):
+        stage = stages[i]
+        if i == 0 and stage.wraps is not None and stage.option(stage.wraps).stages:
+            # A leading wrapper wraps everything before it: that prints first.
+            parts.append(repr(stage.option(stage.wraps)))
+            text = stage._arguments(with_wrapped=False)
+        else:
+            text = repr(stage)
+        if stage.held or (run is not None and not stage.holdable()):
+            run = [] if run is None else run
+            run.append(text)
+            continue
+        if run is not None:
+            parts.append(f"hyperparams_in_state({' |> '.join(run)})")
+            run = None
+        parts.append(text)
+    if run is not None:
+        parts.append(f"hyperparams_in_state({' |> '.join(run)})")
+    return " |> ".join(parts)
 
 
 jax.tree_util.register_pytree_with_keys(

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField, Real
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -26,11 +26,36 @@ from updax.updates._kernels import (abs_sq, absolute, adam_directions, add, bias
 
 
 class ScaleByAdamState(NamedTuple):
-    """First moment ``mu``, second moment ``nu``, steps taken ``count``."""
+    """First moment ``mu``, second moment ``nu``, steps taken ``count`` (Adam's, RAdam's and NAdam's: the
+    same numbers)."""
 
     mu: Any
-    nu: Any
-    count: jax.Array
+    nu: NonNegativeField
+    count: Count
+
+
+class ScaleByBeliefState(NamedTuple):
+    """First moment ``mu``, the belief ``nu`` (an EMA of ``(g - m)²``), steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+class ScaleByYogiState(NamedTuple):
+    """First moment ``mu``, Yogi's second moment ``nu``, steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+class ScaleByAdamaxState(NamedTuple):
+    """First moment ``mu``, the infinity norm ``nu``, steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
 
 
 class ScaleByAmsgradState(NamedTuple):
@@ -38,9 +63,9 @@ class ScaleByAmsgradState(NamedTuple):
     bias-corrected ``nu`` (``nu_max``), steps taken ``count``."""
 
     mu: Any
-    nu: Any
-    nu_max: Any
-    count: jax.Array
+    nu: NonNegativeField
+    nu_max: NonNegativeField
+    count: Count
 
 
 class ScaleByAdanState(NamedTuple):
@@ -49,35 +74,49 @@ class ScaleByAdanState(NamedTuple):
 
     mu: Any
     mu_diff: Any
-    nu: Any
+    nu: NonNegativeField
     prev_grads: Any
-    count: jax.Array
+    count: Count
 
 
 # --------------------------------------------------------------------------
 # Shared by the family
 
 
-def _adam_like_init(params, *, mu_dtype, nu_dtype, mu_fill=0.0, nu_fill=0.0):
-    return ScaleByAdamState(
+def _adam_like_init(params, *, mu_dtype, nu_dtype, mu_fill=0.0, nu_fill=0.0, state=ScaleByAdamState):
+    return state(
         mu=_tree.accumulators(params, mu_dtype, mu_fill),
         nu=_tree.accumulators(params, nu_dtype, nu_fill),
         count=_tree.zero_count(),
     )
 
 
-def _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype, **more):
-    """The validated options of an Adam-like stage, in Axon's order (``more`` after ``eps_root``)."""
-    return dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                **more, mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
+def _init_scale_by_belief(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByBeliefState)
+
+
+def _init_scale_by_adamax(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByAdamaxState)
+
+
+#: What the options of the Adam-like stages hold.
+_ADAM_DOMAINS = dict(b1=UNIT, b2=UNIT, b3=UNIT, eps=NON_NEGATIVE, eps_root=NON_NEGATIVE, threshold=ANY_REAL,
+                     initial_accumulator_value=NON_NEGATIVE, mu_dtype=FloatDtype(), nu_dtype=FloatDtype(),
+                     nesterov=Flag(late=True))
+
+
+def _adam_like(init_fn, apply_fn, name, options, state_last=()):
+    """An Adam-like stage: elementwise, its options' domains from :data:`_ADAM_DOMAINS`, every real option
+    schedulable."""
+    schedulable = [k for k in options if isinstance(_ADAM_DOMAINS[k], Real)]
+    return stateful(init_fn, apply_fn, elementwise=True, name=name, options=options,
+                    domains={k: _ADAM_DOMAINS[k] for k in options}, schedulable=schedulable, state_last=state_last)
 
 
 def _adam_like_update(call, leaf, updates, state, count):
     """Runs ``leaf(g, mu, nu) -> (u, mu, nu)`` over the tree: the shared body of the Adam-like kernels."""
     u, mu, nu = per_leaf(call, leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return u, state._replace(mu=mu, nu=nu, count=count)
 
 
 def _adam_like_rooted(call, before, after, updates, state, count):
@@ -85,7 +124,7 @@ def _adam_like_rooted(call, before, after, updates, state, count):
     ``after(root, *carry) -> (u, mu, nu)`` (:func:`updax.updates._kernels.per_leaf_rooted`)."""
     u, mu, nu = per_leaf_rooted(call, before, after, (updates, state.mu, state.nu),
                                 ("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return u, state._replace(mu=mu, nu=nu, count=count)
 
 
 def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root):
@@ -106,11 +145,7 @@ def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_
     u = adam_directions(mu, _in_place.recomputed(nu), c1, c2, eps, eps_root)
     u, mu, nu = (jax.tree.map(lambda x, like, name=name: store(call, name, x, like), new, like)
                  for new, like, name in zip((u, mu, nu), trees, names))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
-
-
-#: The schedulable options of every Adam-like stage.
-_ADAM_SCHEDULABLE = ("b1", "b2", "eps", "eps_root")
+    return u, state._replace(mu=mu, nu=nu, count=count)
 
 
 def _first_moment_estimate(count, b1, c1, nesterov):
@@ -121,10 +156,6 @@ def _first_moment_estimate(count, b1, c1, nesterov):
     (c1_next,) = bias_corrections(_tree.safe_increment(count), b1)
     return lambda m, g: b1 * m / c1_next + (1 - b1) * g / c1
 
-
-def _nesterov_option(call, nesterov):
-    """The validated flag, stored as None when False (:func:`updax._validate.late_flag`)."""
-    return check.late_flag(call, "nesterov", nesterov)
 
 # --------------------------------------------------------------------------
 # Adam
@@ -196,11 +227,9 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
         Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
         https://arxiv.org/abs/1412.6980
     """
-    call = "scale_by_adam"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
-                            nesterov=_nesterov_option(call, nesterov))
-    return stateful(_adam_like_init, _apply_scale_by_adam, elementwise=True, name=call, options=options,
-                    schedulable=_ADAM_SCHEDULABLE)
+    return _adam_like(_adam_like_init, _apply_scale_by_adam, "scale_by_adam",
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                           nesterov=nesterov))
 
 
 # --------------------------------------------------------------------------
@@ -247,7 +276,7 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
             prints only when True. Default: ``False``.
 
     Returns:
-        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+        An update object with state ``ScaleByBeliefState(mu, nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -261,12 +290,10 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the Belief
         in Observed Gradients", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
-    call = "scale_by_belief"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
-                            nesterov=_nesterov_option(call, nesterov))
     # XLA recomputes the new s from the old one in the params' kernel: s (nu) is written after it (updax._in_place).
-    return stateful(_adam_like_init, _apply_scale_by_belief, elementwise=True, name=call, options=options,
-                    schedulable=_ADAM_SCHEDULABLE, state_last=("nu",))
+    return _adam_like(_init_scale_by_belief, _apply_scale_by_belief, "scale_by_belief",
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                           nesterov=nesterov), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
@@ -338,12 +365,9 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
         Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
         ICLR 2020. https://arxiv.org/abs/1908.03265
     """
-    call = "scale_by_radam"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype,
-                            threshold=check.real(call, "threshold", threshold),
-                            nesterov=_nesterov_option(call, nesterov))
-    return stateful(_adam_like_init, _apply_scale_by_radam, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2", "eps", "eps_root", "threshold"))
+    return _adam_like(_adam_like_init, _apply_scale_by_radam, "scale_by_radam",
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold, mu_dtype=mu_dtype,
+                           nu_dtype=nu_dtype, nesterov=nesterov))
 
 
 # --------------------------------------------------------------------------
@@ -352,7 +376,8 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
 
 def _init_scale_by_yogi(params, *, initial_accumulator_value, mu_dtype, nu_dtype):
     v0 = initial_accumulator_value
-    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, mu_fill=v0, nu_fill=v0)
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, mu_fill=v0, nu_fill=v0,
+                           state=ScaleByYogiState)
 
 
 def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
@@ -389,7 +414,7 @@ def scale_by_yogi(initial_accumulator_value: ScalarOrSchedule = 1e-6, b1: Scalar
         nu_dtype: storage dtype of ``nu``. Default: ``None``.
 
     Returns:
-        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+        An update object with state ``ScaleByYogiState(mu, nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -403,12 +428,9 @@ def scale_by_yogi(initial_accumulator_value: ScalarOrSchedule = 1e-6, b1: Scalar
         Zaheer et al., "Adaptive Methods for Nonconvex Optimization", NeurIPS
         2018.
     """
-    call = "scale_by_yogi"
-    options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
-                                                                initial_accumulator_value),
-                   **_adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype))
-    return stateful(_init_scale_by_yogi, _apply_scale_by_yogi, elementwise=True, name=call, options=options,
-                    schedulable=("initial_accumulator_value", "b1", "b2", "eps", "eps_root"))
+    return _adam_like(_init_scale_by_yogi, _apply_scale_by_yogi, "scale_by_yogi",
+                      dict(initial_accumulator_value=initial_accumulator_value, b1=b1, b2=b2, eps=eps,
+                           eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
@@ -480,10 +502,8 @@ def scale_by_amsgrad(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, e
         Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018.
         https://openreview.net/forum?id=ryQu7f-RZ
     """
-    call = "scale_by_amsgrad"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
-    return stateful(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, elementwise=True, name=call, options=options,
-                    schedulable=_ADAM_SCHEDULABLE)
+    return _adam_like(_init_scale_by_amsgrad, _apply_scale_by_amsgrad, "scale_by_amsgrad",
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
@@ -524,7 +544,7 @@ def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
 
     Returns:
-        An update object with state ``ScaleByAdamState(mu, nu, count)``;
+        An update object with state ``ScaleByAdamaxState(mu, nu, count)``;
         ``nu`` holds the infinity norm.
 
     Example:
@@ -541,13 +561,8 @@ def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
         Section 7.1 and Algorithm 2. https://arxiv.org/abs/1412.6980
     """
-    call = "scale_by_adamax"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
-    return stateful(_adam_like_init, _apply_scale_by_adamax, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2", "eps"))
+    return _adam_like(_init_scale_by_adamax, _apply_scale_by_adamax, "scale_by_adamax",
+                      dict(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
@@ -598,10 +613,8 @@ def scale_by_nadam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
         Dozat, "Incorporating Nesterov Momentum into Adam", ICLR 2016
         workshop. https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
     """
-    call = "scale_by_nadam"
-    options = _adam_options(call, b1, b2, eps, eps_root, mu_dtype, nu_dtype)
-    return stateful(_adam_like_init, _apply_scale_by_nadam, elementwise=True, name=call, options=options,
-                    schedulable=_ADAM_SCHEDULABLE)
+    return _adam_like(_adam_like_init, _apply_scale_by_nadam, "scale_by_nadam",
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
@@ -685,11 +698,7 @@ def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: 
         Optimizing Deep Models", IEEE TPAMI 2024, Algorithm 1.
         https://arxiv.org/abs/2208.06677
     """
-    call = "scale_by_adan"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2), b3=check.unit(call, "b3", b3),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype))
     # The update reads the previous gradient: prev_grads is written after the params' update (updax._in_place).
-    return stateful(_init_scale_by_adan, _apply_scale_by_adan, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2", "b3", "eps", "eps_root"), state_last=("prev_grads",))
+    return _adam_like(_init_scale_by_adan, _apply_scale_by_adan, "scale_by_adan",
+                      dict(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype),
+                      state_last=("prev_grads",))

@@ -19,7 +19,7 @@ from updax import _tree
 from updax._fused import register_fused_path
 from updax.updates._kernels import (adam_directions, bias_corrections, ordered_after, trust_ratio, trust_ratios,
                                     trust_scaled)
-from updax.updates._masking import leaf_mask
+from updax._masks import leaf_mask
 
 #: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
 RECOMPUTE_MIN_SHARED = 16

@@ -17,7 +17,8 @@ from updax._combinators import combinator
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._masking import leaf_mask, leafwise
+from updax._masks import leaf_mask
+from updax.updates._masking import leafwise
 from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
 
 

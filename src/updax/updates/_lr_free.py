@@ -39,7 +39,7 @@ from updax.updates._kernels import (
     sub,
     where,
 )
-from updax.updates._masking import leaf_mask
+from updax._masks import leaf_mask
 
 # --------------------------------------------------------------------------
 # States

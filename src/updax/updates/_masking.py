@@ -9,63 +9,24 @@ import jax
 
 from updax import _tree
 from updax._combinators import combinator
+from updax._domains import Pipeline, Pipelines
+from updax._masks import Labels, Mask, resolve_labels, resolve_mask, select
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree
 from updax._update import Update
 
 
-def _is_function(labels) -> bool:
-    """A plain function of params, not a callable pytree such as an Equinox module."""
-    return callable(labels) and jax.tree.leaves(labels) == [labels]
-
-
-def _resolve(call, spec, params, what):
-    """The mask or labels for ``params``, shaped like ``params``.
-
-    A mask or labels tree may be a prefix of the params (``{"encoder": False, "decoder": True}`` for nested
-    params): each entry applies to its whole subtree, as in optax. Inside another ``masked`` or ``partition``
-    the leaves left out are None, so a mask written for the whole params still applies there: entries over
-    None are dropped.
-    """
-    tree = spec(params) if _is_function(spec) else spec
-    if jax.tree.structure(tree) != jax.tree.structure(params):
-        try:
-            tree = jax.tree.map(lambda entry, sub: jax.tree.map(lambda p: entry, sub), tree, params,
-                                is_leaf=lambda x: x is None)
-        except (ValueError, TypeError):
-            pass  # not a prefix: the check below names the first differing path
-    _tree.check_same_structure(call, params, tree, "params", what)
-    return tree
-
-
 def leafwise(call, fn, mask, updates, params, other=None):
     """``fn(u, x)`` on each leaf the mask selects (all of them when ``mask`` is None), with ``x`` the leaf of
-    ``other`` (by default the params); the others pass unchanged. A mask function is called on the params."""
+    ``other`` (by default the params); the others pass unchanged. A mask function is called on the params
+    (:func:`updax._masks.resolve_mask`)."""
     other = params if other is None else other
     if mask is None:
         return _tree.tree_map(call, fn, updates, other, names=("updates", "params"))
-    mask = _resolve(call, mask, updates if params is None else params, "mask")
+    mask = resolve_mask(call, mask, updates if params is None else params)
     _tree.check_same_structure(call, mask, updates, "mask", "updates")
     _tree.check_same_structure(call, updates, other, "updates", "params")
     return jax.tree.map(lambda m, u, x: fn(u, x) if m else u, mask, updates, other)
-
-
-def leaf_mask(call, mask, params):
-    """Per leaf of ``params`` (in flattening order): whether ``mask`` selects it (every leaf when it is None).
-    For a kernel that loops over the leaves itself; ``mask`` as in :func:`leafwise`."""
-    treedef = jax.tree.structure(params)
-    if mask is None:
-        return [True] * treedef.num_leaves
-    return [bool(m) for m in treedef.flatten_up_to(_resolve(call, mask, params, "mask"))]
-
-
-def _select(tree, labels, keep):
-    """``tree`` with the leaves whose label fails ``keep`` replaced by None (an empty subtree: no state)."""
-    return jax.tree.map(lambda x, label: x if keep(label) else None, tree, labels)
-
-
-def _merge(labels, pick):
-    return jax.tree.map(lambda label: pick(label), labels)
 
 
 class PartitionState(NamedTuple):
@@ -74,27 +35,29 @@ class PartitionState(NamedTuple):
     inner: dict
 
 
+def _in_group(name):
+    """Whether a leaf's label is ``name``: the one way labels match groups, as a dict's keys do."""
+    return lambda label: label == name and hash(label) == hash(name)
+
+
 def _init_partition(params, *, transforms, labels):
-    labels = _resolve("partition", labels, params, "labels")
-    return PartitionState(inner={name: opt.init(_select(params, labels, lambda label, n=name: label == n))
+    labels = resolve_labels("partition", labels, params, transforms)
+    return PartitionState(inner={name: opt.init(select(params, _in_group(name), labels))
                                  for name, opt in transforms.items()})
 
 
 def _apply_partition(updates, state, params, *, transforms, labels, **extra):
-    labels = _resolve("partition", labels, updates if params is None else params, "labels")
+    labels = resolve_labels("partition", labels, updates if params is None else params, transforms)
     _tree.check_same_structure("partition", labels, updates, "labels", "updates")
-    unknown = sorted({str(label) for label in jax.tree.leaves(labels)} - set(transforms))
-    if unknown:
-        raise ValueError(f"partition: labels {unknown} have no pipeline (pipelines: {sorted(transforms)})")
     outs, inner = {}, {}
     leaves_labels, treedef = jax.tree.flatten(labels)
     for name, opt in transforms.items():
-        keep = (lambda label, n=name: label == n)
-        sub_params = None if params is None else _select(params, labels, keep)
-        out, inner[name] = opt.update(_select(updates, labels, keep), state.inner[name], sub_params, **extra)
+        keep = _in_group(name)
+        sub_params = None if params is None else select(params, keep, labels)
+        out, inner[name] = opt.update(select(updates, keep, labels), state.inner[name], sub_params, **extra)
         outs[name] = treedef.flatten_up_to(jax.tree.map(lambda x, label: x, out, labels,
                                                         is_leaf=lambda x: x is None))
-    merged = [outs[label][i] for i, label in enumerate(leaves_labels)]
+    merged = [outs[next(n for n in transforms if _in_group(n)(label))][i] for i, label in enumerate(leaves_labels)]
     return treedef.unflatten(merged), PartitionState(inner=inner)
 
 
@@ -105,13 +68,18 @@ def partition(transforms: dict[str, Update], labels: PyTree | Callable[[PyTree],
     ``labels`` gives each leaf of the params a group label (a pytree of
     labels, or a function ``params -> labels``); each pipeline in
     ``transforms`` sees only its group's leaves, the others replaced by None,
-    so it stores no state for them.
+    so it stores no state for them. A label is any hashable value, matched
+    to a key of ``transforms`` as dict keys are (``1`` and ``"1"`` differ);
+    a label with no pipeline is refused by name. Read a group's state or
+    held hyperparameters by path: ``"partition/adam/scale_by_adam.mu"``.
 
     Args:
-        transforms: a dict ``{label: update object}``. No default.
-        labels: a pytree of labels shaped like the params, or a function of
-            the params returning one (an Equinox module is a pytree, not a
-            function). No default.
+        transforms: a dict ``{label: update object}``, its labels of one
+            kind (JAX sorts a dict's keys). No default.
+        labels: a pytree of labels shaped like the params (or a prefix of
+            it), or a function of the params returning one (an Equinox module
+            is a pytree, not a function), computed from the params' structure
+            and shapes (see :mod:`updax._masks`). No default.
 
     Returns:
         An update object with state ``PartitionState(inner)``.
@@ -128,10 +96,9 @@ def partition(transforms: dict[str, Update], labels: PyTree | Callable[[PyTree],
     References:
         optax.partition (multi_transform).
     """
-    if not isinstance(transforms, dict) or not all(isinstance(t, Update) for t in transforms.values()):
-        raise TypeError(f"partition(transforms={transforms!r}): transforms must be a dict of update objects")
     return stateful(_init_partition, _apply_partition, name="partition",
-                    options=dict(transforms=transforms, labels=labels))
+                    options=dict(transforms=transforms, labels=labels),
+                    domains=dict(transforms=Pipelines(field="inner"), labels=Labels()))
 
 
 class MaskedState(NamedTuple):
@@ -141,15 +108,15 @@ class MaskedState(NamedTuple):
 
 
 def _init_masked(params, *, inner, mask):
-    mask = _resolve("masked", mask, params, "mask")
-    return MaskedState(inner=inner.init(_select(params, mask, bool)))
+    mask = resolve_mask("masked", mask, params)
+    return MaskedState(inner=inner.init(select(params, bool, mask)))
 
 
 def _apply_masked(updates, state, params, *, inner, mask, **extra):
-    mask = _resolve("masked", mask, updates if params is None else params, "mask")
+    mask = resolve_mask("masked", mask, updates if params is None else params)
     _tree.check_same_structure("masked", mask, updates, "mask", "updates")
-    sub_params = None if params is None else _select(params, mask, bool)
-    out, inner_state = inner.update(_select(updates, mask, bool), state.inner, sub_params, **extra)
+    sub_params = None if params is None else select(params, bool, mask)
+    out, inner_state = inner.update(select(updates, bool, mask), state.inner, sub_params, **extra)
     out_leaves = jax.tree.structure(mask).flatten_up_to(jax.tree.map(lambda x, m: x, out, mask,
                                                                       is_leaf=lambda x: x is None))
     merged = [o if m else u for o, u, m in zip(out_leaves, jax.tree.structure(mask).flatten_up_to(updates),
@@ -162,8 +129,9 @@ def masked(inner: Update, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     """Runs the pipeline before it on the masked-in leaves only; the others pass through unchanged.
 
     Args:
-        mask: a pytree of bools shaped like the params, or a function of the
-            params returning one. No default.
+        mask: a pytree of bools shaped like the params (or a prefix of it),
+            or a function of the params returning one, computed from their
+            structure and shapes (see :mod:`updax._masks`). No default.
 
     Returns:
         An update object with state ``MaskedState(inner)`` (state only for
@@ -180,11 +148,12 @@ def masked(inner: Update, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     References:
         optax.masked.
     """
-    return stateful(_init_masked, _apply_masked, name="masked", options=dict(inner=inner, mask=mask), wraps="inner")
+    return stateful(_init_masked, _apply_masked, name="masked", options=dict(inner=inner, mask=mask), wraps="inner",
+                    domains=dict(inner=Pipeline(), mask=Mask(optional=False)))
 
 
 def _apply_freeze(updates, params, *, mask):
-    mask = _resolve("freeze", mask, updates if params is None else params, "mask")
+    mask = resolve_mask("freeze", mask, updates if params is None else params)
     _tree.check_same_structure("freeze", mask, updates, "mask", "updates")
     treedef = jax.tree.structure(mask)
     merged = [_tree.zeros_like(u) if m else u for u, m in zip(treedef.flatten_up_to(updates), jax.tree.leaves(mask))]
@@ -216,4 +185,4 @@ def freeze(mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     References:
         optax.transforms.freeze.
     """
-    return stateless(_apply_freeze, name="freeze", options=dict(mask=mask))
+    return stateless(_apply_freeze, name="freeze", options=dict(mask=mask), domains=dict(mask=Mask(optional=False)))

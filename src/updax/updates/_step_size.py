@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, Count, Flag, Function, Integer, NonNegativeField,
+                            Real, returned, scalar_input)
 from updax._primitives import stateful, stateless
 from updax._typing import ScalarOrSchedule, ScheduleLike
 from updax._update import Update
@@ -22,23 +23,23 @@ from updax.updates._kernels import scaled
 class ScaleByScheduleState(NamedTuple):
     """Steps taken; the schedule is evaluated at ``count`` before it is incremented."""
 
-    count: jax.Array
+    count: Count
 
 
 class ScaleByStateState(NamedTuple):
     """The step size, held in state so outside code can read and replace it."""
 
-    step_size: jax.Array
+    step_size: Annotated[jax.Array, ANY_REAL]
 
 
 class ReduceOnPlateauState(NamedTuple):
     """The current factor ``scale`` and the bookkeeping of the plateau rule."""
 
-    scale: jax.Array
+    scale: NonNegativeField
     best_loss: jax.Array
-    plateau_count: jax.Array
-    cooldown_count: jax.Array
-    count: jax.Array
+    plateau_count: Count
+    cooldown_count: Count
+    count: Count
     avg_loss: jax.Array
 
 
@@ -75,9 +76,8 @@ def scale(step_size: ScalarOrSchedule) -> Update:
     References:
         Axon.Updates.scale.
     """
-    step_size = check.real("scale", "step_size", step_size)
     return stateless(_apply_scale, elementwise=True, name="scale", options=dict(step_size=step_size),
-                     schedulable=("step_size",))
+                     domains=dict(step_size=ANY_REAL), schedulable=("step_size",))
 
 
 def _init_scale_by_state(params, *, step_size):
@@ -115,9 +115,8 @@ def scale_by_state(step_size: ScalarOrSchedule) -> Update:
     References:
         Axon.Updates.scale_by_state.
     """
-    step_size = check.real("scale_by_state", "step_size", step_size)
     return stateful(_init_scale_by_state, _apply_scale_by_state, name="scale_by_state",
-                    options=dict(step_size=step_size), schedulable=("step_size",))
+                    options=dict(step_size=step_size), domains=dict(step_size=ANY_REAL), schedulable=("step_size",))
 
 
 def _init_scale_by_schedule(params):
@@ -125,7 +124,7 @@ def _init_scale_by_schedule(params):
 
 
 def _apply_scale_by_schedule(updates, state, params, *, schedule_fn):
-    step_size = schedule_fn(state.count)
+    step_size = returned("scale_by_schedule", "schedule_fn", schedule_fn(state.count), ANY_REAL, state.count)
     updates = jax.tree.map(lambda g: scaled(g, step_size), updates)
     return updates, ScaleByScheduleState(count=_tree.safe_increment(state.count))
 
@@ -159,31 +158,39 @@ def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
     References:
         Axon.Updates.scale_by_schedule.
     """
-    schedule_fn = check.function("scale_by_schedule", "schedule_fn", schedule_fn)
     return stateful(_init_scale_by_schedule, _apply_scale_by_schedule, elementwise=True, name="scale_by_schedule",
-                    options=dict(schedule_fn=schedule_fn))
+                    options=dict(schedule_fn=schedule_fn), domains=dict(schedule_fn=Function()))
 
 
 # --------------------------------------------------------------------------
 # Learning rates
 
 
-def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
-    factor = -learning_rate
+def _apply_scale_by_learning_rate(updates, params, *, learning_rate, maximize=None):
+    factor = learning_rate if maximize else -learning_rate
     return jax.tree.map(lambda g: scaled(g, factor), updates)
 
 
 @combinator
-def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
+def scale_by_learning_rate(learning_rate: ScalarOrSchedule, *, maximize: bool = False) -> Update:
     """Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
 
-    Update rule: ``u ← -η·u``, where ``η`` is a number or a schedule
-    ``count -> η``. With a schedule, the value used on the last step is
-    readable as ``opt.get_state(state, "scale_by_learning_rate.learning_rate")``
-    (with a number, the same call returns the number).
+    Update rule: ``u ← -η·u`` (``u ← η·u`` with ``maximize=True``), where
+    ``η`` is a number or a schedule ``count -> η``. With a schedule, the
+    value used on the last step is readable as
+    ``opt.get_state(state, "scale_by_learning_rate.learning_rate")`` (with a
+    number, the same call returns the number).
+
+    The learning rate is positive and this stage gives the step its sign, as
+    every optimizer does: a negative ``η`` (a sign error that would train
+    uphill) is refused, as PyTorch refuses it. For gradient ascent pass
+    ``maximize=True``. (Axon's ``scale(step_size)`` takes the signed step:
+    ``scale(-lr)``.)
 
     Args:
-        learning_rate: ``η``, a real number or a schedule. No default.
+        learning_rate: ``η``, a number >= 0 or a schedule of them. No default.
+        maximize: ascend instead of descending (PyTorch's name); it prints
+            only when True. Default: ``False``.
 
     Returns:
         A stateless update object (with a ``ScheduledState`` when ``η`` is a
@@ -200,9 +207,10 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
         Polaris.Optimizers' ``scale_by_learning_rate`` helper; optax's
         ``scale_by_learning_rate``.
     """
-    learning_rate = check.real("scale_by_learning_rate", "learning_rate", learning_rate)
     return stateless(_apply_scale_by_learning_rate, elementwise=True, name="scale_by_learning_rate",
-                     options=dict(learning_rate=learning_rate), schedulable=("learning_rate",))
+                     options=dict(learning_rate=learning_rate, maximize=maximize),
+                     domains=dict(learning_rate=LEARNING_RATE, maximize=Flag(late=True)),
+                     schedulable=("learning_rate",))
 
 
 def _init_reduce_on_plateau(params):
@@ -217,6 +225,7 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
     if loss is None:
         raise ValueError("reduce_on_plateau needs the loss: call update(updates, state, params, loss=loss) (inside "
                          "optax.chain, wrap the updax object in ux.to_optax so that optax passes the loss on)")
+    loss = scalar_input("reduce_on_plateau", "loss", loss)
     count = _tree.safe_increment(state.count)
     avg = (state.count.astype(jnp.float32) * state.avg_loss + jnp.asarray(loss, jnp.float32)) / count.astype(jnp.float32)
     evaluate = count >= accumulation_size
@@ -283,12 +292,9 @@ def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: 
     References:
         PyTorch's ``ReduceLROnPlateau``; optax.contrib.reduce_on_plateau.
     """
-    call = "reduce_on_plateau"
-    options = dict(factor=check.real(call, "factor", factor, 0.0, 1.0),
-                   patience=check.integer(call, "patience", patience, 1),
-                   rtol=check.nonnegative(call, "rtol", rtol), atol=check.nonnegative(call, "atol", atol),
-                   cooldown=check.integer(call, "cooldown", cooldown, 0),
-                   accumulation_size=check.integer(call, "accumulation_size", accumulation_size, 1),
-                   min_scale=check.nonnegative(call, "min_scale", min_scale))
-    return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name=call, options=options,
-                    schedulable=("factor", "rtol", "atol", "min_scale"))
+    options = dict(factor=factor, patience=patience, rtol=rtol, atol=atol, cooldown=cooldown,
+                   accumulation_size=accumulation_size, min_scale=min_scale)
+    domains = dict(factor=Real(0.0, 1.0), patience=Integer(1), rtol=NON_NEGATIVE, atol=NON_NEGATIVE,
+                   cooldown=Integer(0), accumulation_size=Integer(1), min_scale=NON_NEGATIVE)
+    return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name="reduce_on_plateau", options=options,
+                    domains=domains, schedulable=("factor", "rtol", "atol", "min_scale"))
