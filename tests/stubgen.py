@@ -32,6 +32,7 @@ SOURCES = {
     "Mapping": "collections.abc", "Sequence": "collections.abc", "Any": "typing",
     "Stage": "updax._stage", "ArrayLike": "updax._typing", "DType": "updax._typing", "PyTree": "updax._typing",
     "Scalar": "updax._typing", "ScalarOrSchedule": "updax._typing", "ScheduleLike": "updax._typing",
+    "Domain": "updax._domains", "Relation": "updax._domains",
 }
 
 

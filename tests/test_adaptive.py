@@ -350,7 +350,7 @@ BAD_OPTIONS = [
     (lambda: scale_by_rprop(0.1, eta_plus=0.9), ValueError,
      "scale_by_rprop(eta_plus=0.9): eta_plus must be in [1, inf)"),
     (lambda: scale_by_rprop(0.1, min_step_size=1.0, max_step_size=0.5), ValueError,
-     "scale_by_rprop(max_step_size=0.5): max_step_size must be >= min_step_size=1.0"),
+     "scale_by_rprop(min_step_size=1.0, max_step_size=0.5): min_step_size must be <= max_step_size"),
     (lambda: scale_by_adan(b3=1.0), ValueError, "scale_by_adan(b3=1.0): b3 must be in [0, 1)"),
     (lambda: scale_by_adan(nu_dtype=jnp.int8), TypeError, "nu_dtype must be None or a floating dtype"),
 ]

@@ -264,9 +264,9 @@ def test_state_path_errors_are_clear():
         opt.get_state(state, "trace")
     with pytest.raises(KeyError, match=r"has no field 'sigma' \(fields: \['mu', 'nu', 'count'\]; options: \['b1', 'b2', 'eps', 'eps_root', 'nesterov', 'mu_dtype', 'nu_dtype'\]\)"):
         opt.get_state(state, "scale_by_adam.sigma")
-    with pytest.raises(KeyError, match="scale_by_adam wraps no pipeline"):
+    with pytest.raises(KeyError, match="scale_by_adam runs no pipeline inside it"):
         opt.get_state(state, "scale_by_adam/scale")
-    with pytest.raises(ValueError, match=r"shape \(3,\) differs from the current \(\)"):
+    with pytest.raises(ValueError, match=r"has shape \(3,\), the state \(\); the new value must have the current shape"):
         opt.replace_state(state, "scale_by_adam.count", jnp.zeros(3))
     with pytest.raises(ValueError, match=r"does not match"):
         opt.replace_state(state, "scale_by_adam.mu", {"v": jnp.zeros(1)})

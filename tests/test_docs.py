@@ -15,7 +15,7 @@ import pytest
 import updax as ux
 from registry import catalogue_names
 
-PUBLIC = catalogue_names() + ["stateless", "stateful", "hyperparams_in_state"]
+PUBLIC = catalogue_names() + ["stateless", "stateful", "hyperparams_in_state", "checked"]
 DOCUMENTED = ([(ux, name) for name in PUBLIC] + [(ux.optimizers, name) for name in ux.optimizers.__all__]
               + [(ux.schedules, name) for name in ux.schedules.__all__ if name != "Schedule"]
               + [(ux.sharding, name) for name in ux.sharding.__all__]

@@ -163,7 +163,6 @@ OVERRIDES: dict[tuple[str, str], tuple[Range, str]] = {
     ("scale_by_radam", "threshold"): (Range(), "documented as the rho_t the rectified step starts at, values "
                                                + "below 4 acting as 4: any real number"),
     ("scale_by_trust_ratio", "trust_coefficient"): (Range(), "documented as 'the factor c', no range"),
-    ("schedule_free", "learning_rate"): (Range(), "documented as 'a number or a schedule', no range"),
     ("schedule_free", "weight_lr_power"): (Range(lo=0.0), "documented as 'the power p of the weights', no range; "
                                                          + "p < 0 weighs a zero learning rate by 0^p = inf"),
     ("ema", "init"): (Range(), "a number (or a tree shaped like the values: STRUCTURAL draws those too)"),
@@ -940,6 +939,198 @@ def test_fuzz(name, data):
 
 
 # --------------------------------------------------------------------------
+# Writes: values written into a pipeline's state, inside and outside what each declares
+
+
+def held_paths(opt: ux.Update, prefix: str = ""):
+    """``(path, stage, option)`` for every held hyperparameter of ``opt``, nested pipelines included."""
+    counts: dict[str, int] = {}
+    labels = [stage.label for stage in opt.stages]
+    for stage in opt.stages:
+        k = counts[stage.label] = counts.get(stage.label, -1) + 1
+        selector = f"{stage.label}[{k}]" if labels.count(stage.label) > 1 else stage.label
+        path = prefix + selector
+        for option in sorted(stage.held):
+            yield f"{path}.{option}", stage, option
+        for key, (_, inner) in stage.nested().items():
+            yield from held_paths(inner, f"{path}/" if key is None else f"{path}/{key}/")
+
+
+def field_paths(opt: ux.Update, state, prefix: str = ""):
+    """``(path, value, domain)`` for every field of every stage's own state (not a nested pipeline's state, which
+    its own stages declare), with the domain its NamedTuple declares for it (None: only its dtype's rules)."""
+    from updax._domains import field_domain
+
+    counts: dict[str, int] = {}
+    labels = [stage.label for stage in opt.stages]
+    for stage, entry in zip(opt.stages, state):
+        k = counts[stage.label] = counts.get(stage.label, -1) + 1
+        path = prefix + (f"{stage.label}[{k}]" if labels.count(stage.label) > 1 else stage.label)
+        own = entry.state if isinstance(entry, ux.ScheduledState) else entry
+        nested = stage.nested()
+        fields_of_nested = {field for field, _ in nested.values()}
+        for field in getattr(own, "_fields", ()):
+            value = getattr(own, field)
+            if field in fields_of_nested or not jax.tree.leaves(value):
+                continue
+            yield f"{path}.{field}", value, field_domain(type(own), field)
+        for key, (field, inner) in nested.items():
+            inner_state = getattr(own, field) if key is None else getattr(own, field)[key]
+            yield from field_paths(inner, inner_state, f"{path}/" if key is None else f"{path}/{key}/")
+
+
+def _outside_real(domain) -> list[float]:
+    out = [float("nan"), float("inf"), -float("inf")]
+    if domain.lo is not None:
+        out += [domain.lo - 1.0, domain.lo - 1e-3] + ([domain.lo] if domain.lo_open else [])
+    if domain.hi is not None:
+        out += [domain.hi + 1.0] + ([domain.hi] if domain.hi_open else [])
+    return out
+
+
+def written_values(domain, dtype) -> st.SearchStrategy[tuple[Any, bool]]:
+    """``(value, inside)``: values a write may bring, each with whether ``domain`` and ``dtype`` admit it."""
+    from updax._domains import Flag, Integer, Real, Valid
+
+    if isinstance(domain, Valid):
+        domain = domain.values
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
+        return st.sampled_from([(True, True), (False, True), (1, True), (5, False), (-1, False), (0.5, False)])
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        lo = max(domain.lo, int(info.min)) if isinstance(domain, Integer) else int(info.min)
+        hi = min(domain.hi if isinstance(domain, Integer) and domain.hi is not None else 2**31 - 1, int(info.max))
+        inside = st.integers(lo, min(hi, lo + 1000)).map(lambda v: (v, True))
+        outside = [(lo - 1, False), (int(info.max) + 1, False), (2.5, False), (float("nan"), False)]
+        return st.one_of(inside, st.sampled_from(outside + ([] if hi >= 2**31 - 1 else [(hi + 1, False)])))
+    big = float(jnp.finfo(dtype).max)
+    if isinstance(domain, Real):
+        rng = Range(False, domain.lo, domain.hi, domain.lo_open, domain.hi_open)
+        inside = reals(rng).filter(lambda v: abs(v) <= big).map(lambda v: (v, True))
+        return st.one_of(inside, st.sampled_from([(v, False) for v in _outside_real(domain)] + [(big * 4, False)]))
+    if isinstance(domain, Flag):
+        return st.sampled_from([(True, True), (False, True), (0.5, False)])
+    bound = min(1e6, float(np.float32(big)) / 2)
+    finite = st.floats(-bound, bound, allow_nan=False, width=32).map(lambda v: (v, True))
+    return st.one_of(finite, st.sampled_from([(big * 4, False), (1e40, False) if big < 1e40 else (big * 10, False)]))
+
+
+def _ordered_relations_hold(stage, option, value, state_values) -> bool:
+    merged = {**dict(stage.options), **state_values, option: value}
+    return all(bool(np.all(rel.rule(*(np.asarray(merged[n], np.float64) for n in rel.names))))
+               for rel in stage.declaration.relations if option in rel.names)
+
+
+def _named(error: Exception, *names: str) -> bool:
+    text = str(error)
+    return all(name in text for name in names)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+@settings(max_examples=PER_TARGET)
+@given(data=st.data())
+def test_fuzz_writes(name, data):
+    """Random values written to held hyperparameters (``hyperparams_in_state``) and to state fields, inside and
+    outside what each declares: each is refused with an error naming the stage, the option or the path, or it
+    is taken and gives the right numbers (a held value: the same step as the object built with that value; a
+    state field: what it holds reads back, and the jitted step from it agrees with the eager one)."""
+    tgt = target(name)
+    params, grads, losses = data.draw(trees_and_steps(name), label="inputs")
+    options = data.draw(options_strategy(name, params), label="options")
+    opt = tgt.build(options)
+    held = ux.hyperparams_in_state(opt)
+    promotion = "standard" if _is_complex(params) else "strict"
+    g, loss = updates_for(opt, grads[0]), losses[0]
+    with jax.numpy_dtype_promotion(promotion):
+        state = held.init(params)
+        writes = list(held_paths(held))
+        if writes:
+            path, stage, option = data.draw(st.sampled_from(writes), label="held")
+            old = held.get_state(state, path)
+            domain = stage.declaration.domain(option)
+            value, inside = data.draw(written_values(domain, old.dtype), label=f"{path} <-")
+            inside = inside and _ordered_relations_hold(stage, option, value, {})
+            try:
+                written = held.replace_state(state, path, value)
+            except (ValueError, TypeError) as error:
+                assert not inside, f"{path} <- {value!r} refused though declared valid: {error}"
+                assert _named(error, f"{stage.label}(", option), f"not named: {error}"
+            else:
+                assert inside, f"{path} <- {value!r} taken though outside {domain!r}"
+                cast = jnp.asarray(value, old.dtype)
+                np.testing.assert_array_equal(held.get_state(written, path), cast)
+                u_held, _ = _update(held, g, written, params, loss)
+                rebuilt = _with_option(opt, path, cast)
+                u_ref, _ = _update(rebuilt, g, rebuilt.init(params), params, loss)
+                check_close(u_ref, u_held)
+        fields = list(field_paths(opt, opt.init(params)))
+        if fields:
+            state = opt.init(params)
+            path, old, domain = data.draw(st.sampled_from(fields), label="field")
+            leaves = jax.tree.leaves(old)
+            leaf = data.draw(st.integers(0, len(leaves) - 1), label="leaf")
+            value, inside = data.draw(written_values(domain, leaves[leaf].dtype), label=f"{path}[{leaf}] <-")
+            if jnp.issubdtype(leaves[leaf].dtype, jax.dtypes.prng_key):
+                return
+            new = jax.tree.unflatten(jax.tree.structure(old), [np.full(np.shape(x), value) if i == leaf else x
+                                                               for i, x in enumerate(leaves)])
+            if not np.size(leaves[leaf]):
+                inside = True  # nothing to hold
+            try:
+                written = opt.replace_state(state, path, new)
+            except (ValueError, TypeError) as error:
+                assert not inside, f"{path} <- {value!r} refused though declared valid: {error}"
+                assert _named(error, f"replace_state({path}"), f"not named: {error}"
+            else:
+                assert inside, f"{path} <- {value!r} taken though outside {domain!r}"
+                got = jax.tree.leaves(opt.get_state(written, path))[leaf]
+                np.testing.assert_array_equal(got, np.full(np.shape(got), value).astype(got.dtype))
+                eager, eager_state = _update(opt, g, written, params, loss)
+                jitted, jitted_state = _jit_update(opt, g, written, params, loss)
+                check_structure(grads[0], eager, state, eager_state)
+                check_close(eager, jitted, same_non_finite=False)
+
+
+def _with_option(opt: ux.Update, path: str, value) -> ux.Update:
+    """``opt`` with the option at the held path ``path`` replaced by ``value`` (a tree map over its leaves)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(opt)
+    keys = _leaf_keys(opt, path)
+    assert keys in [key_path for key_path, _ in leaves], path
+    return jax.tree.unflatten(treedef, [value if key_path == keys else leaf for key_path, leaf in leaves])
+
+
+def _leaf_keys(opt: ux.Update, path: str):
+    """The key path of the leaf a held path's option is among ``opt``'s pytree leaves."""
+    stages_part, _, option = path.rpartition(".")
+    keys: tuple = ()
+    current = opt
+    selectors = stages_part.split("/")
+    i = 0
+    while i < len(selectors):
+        selector = selectors[i]
+        label, _, index = selector.partition("[")
+        matching = [j for j, s in enumerate(current.stages) if s.label == label]
+        position = matching[int(index.rstrip("]")) if index else 0]
+        stage = current.stages[position]
+        keys += (jax.tree_util.SequenceKey(position),)
+        i += 1
+        if i == len(selectors):
+            return keys + (jax.tree_util.GetAttrKey(option),)
+        nested = stage.nested()
+        if None in nested:
+            keys += (jax.tree_util.GetAttrKey(stage.wraps),)
+            current = nested[None][1]
+        else:
+            group = next(k for k in nested if str(k) == selectors[i])
+            groups_option = next(k for k, d in stage.declaration.domains if type(d).__name__ == "Pipelines")
+            keys += (jax.tree_util.GetAttrKey(groups_option), jax.tree_util.DictKey(group))
+            current = nested[group][1]
+            i += 1
+    raise AssertionError(path)
+
+
+# --------------------------------------------------------------------------
 # The fuzz covers everything
 
 
@@ -1045,7 +1236,8 @@ def test_zero_eps_on_a_zero_gradient_gives_nan_as_documented(name):
 
 
 def test_schedule_free_adamw_takes_any_documented_peak_with_a_warmup():
-    assert ux.optimizers.schedule_free_adamw(learning_rate=-0.1, warmup_steps=10) is not None
+    for peak in (0.0, 0.1, 3e38):
+        assert ux.optimizers.schedule_free_adamw(learning_rate=peak, warmup_steps=10) is not None
 
 
 def _finite_steps(opt, grads, steps, jit):
@@ -1098,8 +1290,8 @@ def test_a_result_beyond_float16s_range_is_inf_in_a_float16_leaf(opt):
 def test_the_long_runs_two_schedule_findings_are_finite():
     """Found by the long run: a schedule from a value below the other end's rounding started at 0 (adadelta's eps
     from 6e-8 to 2 divided 0 by 0 on a zero complex gradient; adafactor's block-RMS clipping threshold from
-    2.2e-16 to 1 divided a zero update by 0). Schedules are now exact at both ends, and a threshold of 0 clips
-    every update to 0 without 0/0."""
+    2.2e-16 to 1 divided a zero update by 0). Schedules are now exact at both ends, and a schedule's value of 0
+    for the threshold, outside its domain, is refused by name."""
     poly = ux.schedules.polynomial_decay
     adadelta = ux.scale_by_adadelta(rho=0.0, eps=poly(5.960464477539063e-08, end_value=2.0, power=1.0,
                                                           transition_steps=2))
@@ -1109,9 +1301,10 @@ def test_the_long_runs_two_schedule_findings_are_finite():
                                         clipping_threshold=poly(2.220446049250313e-16, end_value=1.0, power=1.0,
                                                                 transition_steps=2))
     _finite_steps(adafactor, {"a": jnp.zeros(())}, 2, jit=False)
-    clip = ux.clip_by_block_rms(ux.schedules.constant(0.0))
-    out, _ = clip.update({"z": jnp.zeros(3), "g": jnp.ones(3)}, clip.init(None))
-    assert np.all(out["z"] == 0) and np.all(out["g"] == 0)
+    clip = ux.clip_by_block_rms(ux.schedules.constant(0.0))  # (a threshold of 0 is outside its domain, > 0)
+    with pytest.raises(ValueError, match=r"clip_by_block_rms\(threshold=0\.0\): threshold must be in \(0, inf\) "
+                                         r"\(the value its schedule returned at count 0\)"):
+        clip.init(None)
 
 
 def test_ema_takes_a_complex_init_for_complex_values_and_refuses_it_for_real_ones():

@@ -118,7 +118,7 @@ def test_replacing_a_held_value_keeps_the_dtype_and_refuses_what_is_not_one():
     assert opt.get_state(new, "scale_by_adam.b1").dtype == jnp.float32
     with pytest.raises(KeyError, match="learning_rate is a schedule, evaluated anew on every step"):
         opt.replace_state(state, "scale_by_learning_rate.learning_rate", 0.01)
-    with pytest.raises(ValueError, match="shape \\(2,\\) differs from the current \\(\\)"):
+    with pytest.raises(ValueError, match=r"b1 has shape \(2,\), the state \(\)"):
         opt.replace_state(state, "scale_by_adam.b1", jnp.ones(2))
     with pytest.raises(TypeError, match="hyperparams_in_state\\(opt=3\\): expected an update object"):
         ux.hyperparams_in_state(3)

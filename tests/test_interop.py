@@ -110,7 +110,7 @@ def test_to_optax_works_with_optax_multisteps():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(TypeError, match="from_optax\\(transformation=3\\): expected an optax transformation"):
+    with pytest.raises(TypeError, match="^from_optax\\(transformation=3\\): transformation must be an optax"):
         ux.from_optax(3)
     with pytest.raises(TypeError, match="already an updax object"):
         ux.from_optax(ux.scale(1.0))

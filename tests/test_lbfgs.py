@@ -218,7 +218,7 @@ def test_the_line_searches_ask_for_the_objective_by_name(build):
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: ux.scale_by_lbfgs(memory_size=0), r"scale_by_lbfgs\(memory_size=0\): memory_size must be a positive"),
+    (lambda: ux.scale_by_lbfgs(memory_size=0), r"scale_by_lbfgs\(memory_size=0\): memory_size must be an integer in"),
     (lambda: ux.scale_by_lbfgs(scale_init_precond=1), r"scale_by_lbfgs\(scale_init_precond=1\): .* True or False"),
     (lambda: ux.scale_by_zoom_linesearch(0), r"scale_by_zoom_linesearch\(max_linesearch_steps=0\)"),
     (lambda: ux.scale_by_zoom_linesearch(5, curv_rtol=-1.0), r"scale_by_zoom_linesearch\(curv_rtol=-1.0\)"),

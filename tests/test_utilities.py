@@ -221,7 +221,7 @@ def test_snapshot_refuses_bad_names_and_functions():
         ux.snapshot(3)
     with pytest.raises(TypeError, match=r"snapshot\(name='a b'\): name must be a Python identifier"):
         ux.snapshot("a b")
-    with pytest.raises(ValueError, match=r"snapshot\(name='scale'\): stage name 'scale' is already bound"):
+    with pytest.raises(ValueError, match=r"snapshot\(name='scale'\): stage name 'scale' is updax's \(ux.scale\)"):
         ux.snapshot("scale")
     with pytest.raises(ValueError, match=r"snapshot\(name='class'\)"):
         ux.snapshot("class")

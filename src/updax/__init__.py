@@ -16,3 +16,10 @@ from updax.updates import __all__ as _catalogue
 __version__ = "0.1.0.dev0"
 
 __all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "checked", "domains", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
+
+
+def __getattr__(name: str):
+    """optax's names of what updax spells otherwise (``ux.chain`` is ``ux.compose``) say so."""
+    from updax._hints import missing_name
+
+    raise missing_name(__name__, name)

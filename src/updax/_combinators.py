@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, overload
 
+from updax._hints import check_keywords
 from updax._stage import reserve_name
 from updax._update import Update
 
@@ -100,6 +101,7 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
 
         @functools.wraps(factory)
         def build(*args: Any, **kwargs: Any) -> Update:
+            check_keywords(fname, factory, kwargs)
             parent = None
             if args and isinstance(args[0], Update):
                 parent, args = args[0], args[1:]

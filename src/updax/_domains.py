@@ -18,11 +18,13 @@ parentheses after it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import numbers
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, NoReturn
 
 import jax
@@ -34,7 +36,7 @@ from updax._options import canonical, format_value
 __all__ = ["ANY_REAL", "COUNT", "Count", "Domain", "Flag", "FlagField", "FloatDtype", "Function", "Integer",
            "LEARNING_RATE", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE", "Pipeline", "Pipelines", "Real",
            "Relation", "UNIT", "Unchecked", "Valid", "fail", "field_domain", "fits_dtype", "is_concrete", "message",
-           "returned", "scalar_input"]
+           "checking", "returned", "scalar_input"]
 
 INT32_MAX = 2**31 - 1
 
@@ -46,8 +48,11 @@ def message(call: str, name: str, value: Any, what: str, where: str = "") -> str
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0:
-        value = value.item()  # a held value read back from the state prints as the number it is
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer) and value.ndim == 0 \
+            and not jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+        value = np.asarray(value)
+    if isinstance(value, (np.ndarray, np.generic)) and np.ndim(value) == 0 and value.dtype.kind in "biuf":
+        return str(np.asarray(value)[()])  # a value read back from the state: the number it is, in its dtype
     if isinstance(value, np.ndarray) and value.size > 16:
         return format_value(value)  # (its shape and a digest, not a page of numbers)
     return repr(value)
@@ -69,6 +74,15 @@ def _is_schedule(value: Any) -> bool:
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray, np.generic))
+
+
+def _numeric(values: Any) -> np.ndarray:
+    """``values`` as a NumPy array NumPy's own predicates read: bfloat16 and float8 (ml_dtypes, which NumPy
+    does not count as floating) as float32, exactly."""
+    x = np.asarray(values)
+    if jnp.issubdtype(x.dtype, jnp.floating) and not np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32)
+    return x
 
 
 class Domain:
@@ -175,7 +189,9 @@ class Real(Domain):
         return value
 
     def check_values(self, call: str, name: str, values: Any, where: str) -> None:
-        x = np.asarray(values)
+        x = _numeric(values)
+        if np.iscomplexobj(x) and not np.any(x.imag):
+            x = x.real  # (a complex state field holding real numbers: a second moment of complex updates)
         if np.iscomplexobj(x) or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             fail(call, name, values, "must be a real number", TypeError, where)
         if np.any(self._outside(x.astype(np.float64))):
@@ -190,16 +206,16 @@ class Real(Domain):
         return jnp.all(ok)
 
 
-#: Any finite real number.
 ANY_REAL = Real()
-#: A decay rate: [0, 1).
+"""Any finite real number."""
 UNIT = Real(0.0, 1.0, hi_open=True)
-#: Real numbers >= 0 (an eps, a weight decay).
+"""A decay rate: [0, 1)."""
 NON_NEGATIVE = Real(0.0)
-#: Real numbers > 0.
+"""Real numbers >= 0 (an eps, a weight decay)."""
 POSITIVE = Real(0.0, lo_open=True)
-#: A learning rate: >= 0, the sign being the optimizer's (``maximize=True`` for ascent).
-LEARNING_RATE = Real(0.0, hint="the optimizer negates it; for gradient ascent pass maximize=True")
+"""Real numbers > 0."""
+LEARNING_RATE = Real(0.0, hint="the step's sign is the optimizer's: for gradient ascent pass maximize=True")
+"""A learning rate: >= 0, the sign being the optimizer's (``maximize=True`` for ascent)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +244,7 @@ class Integer(Domain):
         return int(value)
 
     def check_values(self, call: str, name: str, values: Any, where: str) -> None:
-        x = np.asarray(values)
+        x = _numeric(values)
         if x.dtype == np.bool_ or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
             fail(call, name, values, self.text, TypeError, where)
         whole = np.all(np.isfinite(x) & (x == np.round(x))) if np.issubdtype(x.dtype, np.floating) else True
@@ -245,8 +261,8 @@ class Integer(Domain):
         return jnp.all(ok & (value <= hi))
 
 
-#: A step counter: an int32 that is never negative.
 COUNT = Integer(0)
+"""A step counter: an int32 that is never negative."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +285,7 @@ class Flag(Domain):
         return None if self.late and value == self.default else value
 
     def check_values(self, call: str, name: str, values: Any, where: str) -> None:
-        x = np.asarray(values)
+        x = _numeric(values)
         if not (x.dtype == np.bool_ or (np.issubdtype(x.dtype, np.number) and np.all((x == 0) | (x == 1)))):
             fail(call, name, values, "must be True or False (or 1 or 0)", ValueError, where)
 
@@ -370,7 +386,7 @@ class Pipelines(Domain):
 @dataclasses.dataclass(frozen=True)
 class Valid(Domain):
     """A domain a rule can't say: ``rule(call, name, value) -> stored value`` raises by the one format
-    (:func:`fail`) for what it refuses. ``values`` checks the concrete values a tree map or the state gives,
+    (``fail``) for what it refuses. ``values`` checks the concrete values a tree map or the state gives,
     ``rule``'s :class:`Domain` for them; ``text`` says what the value must be."""
 
     rule: Callable[[str, str, Any], Any] = None  # type: ignore[assignment]
@@ -413,12 +429,12 @@ class Relation:
 # --------------------------------------------------------------------------
 # State fields declare what they hold with an annotation: ``count: Count``.
 
-#: A step counter field: int32, never negative.
 Count = Annotated[jax.Array, COUNT]
-#: A field of values that are never negative (second moments, sums of squares).
+"""A state field that counts steps: int32, never negative (``count: Count``)."""
 NonNegativeField = Annotated[Any, NON_NEGATIVE]
-#: A boolean field.
+"""A state field of values that are never negative (second moments, sums of squares)."""
 FlagField = Annotated[jax.Array, Flag()]
+"""A boolean state field."""
 
 
 def field_domain(state_type: type, field: str) -> Domain | None:
@@ -439,8 +455,9 @@ def fits_dtype(call: str, name: str, value: np.ndarray, dtype: Any, where: str) 
     """Raises unless every element of ``value`` is held by ``dtype`` as given: an integer in range and whole,
     a bool 0 or 1, a finite float that stays finite (1e40 overflows float32), no imaginary part dropped."""
     dtype = jnp.dtype(dtype)
+    value = _numeric(value)
     if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
-        fail(call, name, f"<{value.dtype}>", f"must be a number, got dtype {value.dtype}", TypeError, where)
+        fail(call, name, value, f"must be a number, not of dtype {value.dtype}", TypeError, where)
     if np.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
         fail(call, name, value, f"must be real: the state holds {dtype.name}", TypeError, where)
     if dtype == jnp.bool_:
@@ -466,12 +483,35 @@ def fits_dtype(call: str, name: str, value: np.ndarray, dtype: Any, where: str) 
 # Values a user's callable returns, and values passed to update() by keyword
 
 
+#: Set while a checked stage (:func:`updax.checked`) runs its kernels: traced values are checked by checkify.
+_CHECKING = contextvars.ContextVar("updax_checking", default=False)
+
+
+@contextlib.contextmanager
+def checking(on: bool) -> Iterator[None]:
+    """Within it (``on``), :func:`returned` checks traced values through ``checkify``."""
+    token = _CHECKING.set(bool(on))
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
 def returned(call: str, name: str, value: Any, domain: Domain, count: Any = None) -> Any:
-    """What the user's callable option ``name`` returned, checked against ``domain`` when it is concrete (an
-    eager step; under ``jax.jit`` it is traced and passes), and returned unchanged."""
+    """What the user's callable option ``name`` returned, checked against ``domain``: in Python when it is
+    concrete (an eager step), through ``checkify`` when it is traced inside a checked stage
+    (:func:`updax.checked`); returned unchanged."""
+    where = "the value it returned"
     if is_concrete(value):
         at = f" at count {int(np.asarray(count))}" if count is not None and is_concrete(count) else ""
-        domain.check_values(call, f"{name}(...)", np.asarray(jax.device_get(value)), f"the value it returned{at}")
+        domain.check_values(call, f"{name}(...)", np.asarray(jax.device_get(value)), where + at)
+    elif _CHECKING.get():
+        holds = domain.holds(jnp.asarray(value))
+        if holds is not None:
+            from jax.experimental import checkify
+
+            text = message(call, f"{name}(...)", "<{}>", domain.refusal, where)
+            checkify.check(holds, text.replace("<{}>", "{}", 1), value)
     return value
 
 

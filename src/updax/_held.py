@@ -52,7 +52,7 @@ def hyperparams_in_state(opt: Update) -> Update:
 
 
 def checked(opt: Update) -> Update:
-    """Checks the values a jitted step reads against their declared domains, through ``jax.experimental.checkify``.
+    """Checks the values a jitted step reads against their declared domains, through ``checkify``.
 
     Outside ``jax.jit`` every value that enters a pipeline is checked in
     Python: options when the object is built (or first used, after a tree
@@ -92,7 +92,7 @@ def checked(opt: Update) -> Update:
         >>> err.throw()
         Traceback (most recent call last):
         ...
-        jax._src.checkify.JaxRuntimeError: scale_by_learning_rate(learning_rate=-1.0): learning_rate must be in [0, inf); the optimizer negates it; for gradient ascent pass maximize=True (held in the state) (`check` failed)
+        jax._src.checkify.JaxRuntimeError: scale_by_learning_rate(learning_rate=-1.0): learning_rate must be in [0, inf); the step's sign is the optimizer's: for gradient ascent pass maximize=True (held in the state) (`check` failed)
     """
     if not isinstance(opt, Update):
         raise TypeError(f"checked(opt={opt!r}): expected an update object")

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax._domains import field_domain, fits_dtype, is_concrete
+from updax._domains import field_domain, fits_dtype, is_concrete, message
 from updax._stage import ScheduledState, Stage
 
 __all__ = ["get_state", "replace_state"]
@@ -158,15 +158,13 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
                        f"update object with the new value (or a schedule) instead, or keep the hyperparameters "
                        f"in the state with ux.hyperparams_in_state(opt)")
     old = get_state(pipeline, state, path)
-    call = f"replace_state({path!r})"
-    if where == "scheduled":  # a held hyperparameter: its option's domain and relations, then the state's dtype
+    if where == "scheduled":  # a held hyperparameter: the state's dtype and shape, its option's domain, relations
+        value = _like(stage.label, field, old, value, [None])
         if is_concrete(value):
-            stage._check_values({**entry.hyperparams, field: _numbers(call, value)}, [field],
-                                f"written by {call}")
-        value = _like(call, old, value, [None])
+            stage._check_values({**entry.hyperparams, field: value}, [field], f"written by replace_state({path!r})")
     else:
         declared = _field_domains(entry if field is None else _own(entry), field)
-        value = _like(call, old, value, declared, stage.label, path)
+        value = _like("replace_state", path, old, value, declared)
 
     def rebuild(node, depth):
         position, via = steps[depth]
@@ -185,12 +183,12 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
     return rebuild(state, 0)
 
 
-def _numbers(call: str, value: Any) -> Any:
-    """``value`` as a NumPy array, or a TypeError naming the call."""
+def _numbers(call: str, name: str, value: Any) -> Any:
+    """``value`` as a NumPy array, or a TypeError in the one format."""
     try:
         return np.asarray(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{call}: the new value is {value!r}, not a number or an array") from None
+        raise TypeError(message(call, name, value, "must be a number or an array")) from None
 
 
 def _field_domains(node: Any, field: str | None) -> list:
@@ -218,28 +216,29 @@ def _field_domains(node: Any, field: str | None) -> list:
     return found
 
 
-def _like(call, old, value, domains, label=None, path=None):
+def _like(call, name, old, value, domains):
     """Casts ``value`` to the structure, shapes and dtypes of ``old``, refusing what the dtype cannot hold and
-    what a leaf's declared domain (``domains``, one per leaf of ``old``) refuses."""
+    what a leaf's declared domain (``domains``, one per leaf of ``old``) refuses; a message names the call and
+    ``name`` with the leaf's path (``replace_state(scale_by_adam.nu['w']=...): ...``)."""
     declared = iter(domains)
 
     def cast(where, o, v):
         domain = next(declared, None)
         if not isinstance(o, (jax.Array, np.ndarray, np.generic)):
             return v
-        leaf = f"the new value{jax.tree_util.keystr(where)}"
+        leaf = name + jax.tree_util.keystr(where)
         if not isinstance(v, jax.core.Tracer):
-            given = _numbers(call, v)
-            fits_dtype(call, "value", given, o.dtype, leaf)
+            given = _numbers(call, leaf, v)
+            fits_dtype(call, leaf, given, o.dtype, "")
             if domain is not None:
-                field = path.rpartition(".")[2] if path and "." in path and not where else "value"
-                domain.check_values(call, field, given, leaf)
+                domain.check_values(call, leaf, given, "")
         v = jnp.asarray(v, dtype=o.dtype)
         if v.shape != o.shape:
-            raise ValueError(f"{call}: shape {v.shape} differs from the current {o.shape}")
+            raise ValueError(f"{call}: {leaf} has shape {v.shape}, the state {o.shape}; the new value must have the "
+                             "current shape")
         return v
 
     if isinstance(old, (jax.Array, np.ndarray, np.generic)):
         return cast((), old, value)
-    _tree.check_same_structure(call, old, value, "the current state", "the new value")
+    _tree.check_same_structure(f"{call}({name})", old, value, "the current state", "the new value")
     return jax.tree_util.tree_map_with_path(cast, old, value)

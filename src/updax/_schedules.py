@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _validate as check
 from updax._options import format_value, key_of
@@ -85,6 +86,8 @@ class Schedule:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._fields = tuple(inspect.signature(cls.__init__).parameters)[1:]
+        if "__call__" in cls.__dict__:
+            cls.__call__ = _counted(cls.__dict__["__call__"])
         jax.tree_util.register_pytree_with_keys(
             cls, _flatten_with_keys, functools.partial(_unflatten, cls), _flatten
         )
@@ -121,6 +124,21 @@ class Schedule:
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={format_value(v)}" for k, v in zip(self._fields, self._values()) if v is not None)
         return f"{type(self).__name__}({shown})"
+
+
+def _counted(call):
+    """``call(self, count)`` refusing a concrete negative or non-finite count by name: a step count starts at 0,
+    and a schedule extrapolated before it (a warm-up's negative learning rate) is a wrong answer. A traced count
+    (under ``jax.jit``) passes."""
+    @functools.wraps(call)
+    def counted(self, count):
+        if not isinstance(count, jax.core.Tracer):
+            values = np.asarray(count)
+            if values.dtype.kind in "biuf" and not np.all(np.isfinite(values) & (values >= 0)):
+                raise ValueError(f"{type(self).__name__}: the count must be a step count >= 0, got {count!r}")
+        return call(self, count)
+
+    return counted
 
 
 def _restore(cls, values):
@@ -998,7 +1016,8 @@ class join_schedules(Schedule):
         count = jnp.asarray(count)
         value = _real(self.schedules[0](count))
         for boundary, schedule in zip(self.boundaries, self.schedules[1:]):
-            value = jnp.where(count < boundary, value, _real(schedule(count - boundary)))
+            # (evaluated at 0 before its boundary, where the value is not taken: a schedule refuses a negative count)
+            value = jnp.where(count < boundary, value, _real(schedule(jnp.maximum(count - boundary, 0))))
         return value
 
 
@@ -1053,7 +1072,7 @@ class sgdr(Schedule):
         value, begin = cycles[0](count), 0
         for previous, cycle in zip(cycles, cycles[1:]):
             begin = begin + previous.decay_steps
-            value = jnp.where(count < begin, value, cycle(count - begin))
+            value = jnp.where(count < begin, value, cycle(jnp.maximum(count - begin, 0)))
         return value
 
 

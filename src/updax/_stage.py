@@ -1,6 +1,6 @@
 """Stages: one combinator in a pipeline, its kernels, its options and what the name of a stage binds.
 
-A stage is a :class:`Declaration` (its name, kernels, option names and what
+A stage is a ``Declaration`` (its name, kernels, option names and what
 it declares about them) and the values of its options. Numeric options (and
 nested pipelines, schedule objects) are pytree leaves; everything else
 (flags, dtypes, functions) is static structure. An option is evaluated as a
@@ -22,6 +22,7 @@ pipeline is :func:`updax.checked`.
 
 from __future__ import annotations
 
+import inspect
 import keyword
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax._domains import Count, Domain, Pipelines, Relation, is_concrete, message
+from updax._domains import Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, is_concrete, message
 from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, is_number, key_of, keywords
 
 __all__ = ["Declaration", "EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates",
@@ -220,17 +221,23 @@ def _declared_relations(call: str, relations: Iterable[Relation], options: Mappi
 def _check_kernel_options(call: str, init_fn, apply_fn, options: Mapping[str, Any]) -> None:
     """Every option is a parameter of a kernel (or a kernel takes ``**kwargs``): a misspelt option is refused
     when the stage is built, not silently left out of every call."""
-    taken = [keywords(f) for f in (init_fn, apply_fn) if f is not None]
-    if any(t is None for t in taken):
+    kernels = [("init_fn", init_fn, 1), ("apply_fn", apply_fn, 2 if init_fn is None else 3)]
+    taken = [(role, keywords(fn), fn, leading) for role, fn, leading in kernels if fn is not None]
+    if any(names is None for _, names, _, _ in taken):
         return
-    accepted = frozenset().union(*taken)
-    unknown = sorted(set(options) - accepted)
+    unknown = sorted(set(options) - frozenset().union(*(names for _, names, _, _ in taken)))
     if unknown:
-        shown = "; ".join(f"{role} takes {sorted(t - {'updates', 'state', 'params'})}"
-                          for role, t in zip(("init_fn", "apply_fn") if init_fn is not None else ("apply_fn",), taken))
+        shown = "; ".join(f"{role} takes {_option_parameters(fn, leading)}" for role, _, fn, leading in taken)
         raise ValueError(f"{call}(options=...): {', '.join(map(repr, unknown))} "
                          f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} of its kernels "
                          f"({shown})")
+
+
+def _option_parameters(fn, leading: int) -> list[str]:
+    """The parameters of a kernel after its ``leading`` positional ones (updates, state, params): its options."""
+    parameters = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY, p.POSITIONAL_ONLY)]
+    return [p.name for p in parameters[leading:] if p.kind is not p.POSITIONAL_ONLY]
 
 
 class Stage:
@@ -241,7 +248,7 @@ class Stage:
     declaration. ``init_fn`` is None for a stateless stage.
 
     Attributes:
-        declaration: the :class:`Declaration` its name binds (kernels, option
+        declaration: the ``Declaration`` its name binds (kernels, option
             names, domains, relations, flags); its fields read as attributes
             of the stage (``stage.wraps``, ``stage.schedulable``, ...).
         options: the options as ``((name, value), ...)``, checked against
@@ -345,9 +352,15 @@ class Stage:
     label = property(lambda self: self.declaration.label, doc="The name used in ``repr`` and state paths.")
 
     def holdable(self) -> frozenset[str]:
-        """The options :func:`updax.hyperparams_in_state` keeps in the state: the numbers and arrays among the
-        dynamic options that are not schedules (a schedule's value on the last step is in the state already)."""
-        return frozenset(k for k, v in self.options if k in self.dynamic and k not in self.scheduled and is_number(v))
+        """The options :func:`updax.hyperparams_in_state` keeps in the state: the numbers among the dynamic
+        options that are not schedules (a schedule's value on the last step is in the state already), that the
+        update kernel reads (an option ``init`` alone reads, an initial accumulator, would change nothing
+        written there), and whose declared domain is numeric (a PRNG key seeds ``init``; it is not a number a
+        framework tunes)."""
+        accepted = keywords(self.apply_fn)
+        return frozenset(k for k, v in self.options if k in self.dynamic and k not in self.scheduled and is_number(v)
+                         and not _is_key(v) and (accepted is None or k in accepted)
+                         and _numeric_domain(self.declaration.domain(k)))
 
     def _holding(self, convert: Callable[[Any], Any]) -> Stage:
         """This stage with its holdable options kept in the state, and ``convert`` applied to every update object
@@ -420,6 +433,9 @@ class Stage:
             if not is_concrete(value):
                 complete = False
                 continue
+            if _is_key(value):
+                domain.check(self.label, key, value)  # (a typed PRNG key: the domain's own rule reads it)
+                continue
             for leaf in jax.tree.leaves(value):
                 domain.check_values(self.label, key, np.asarray(leaf), where)
         for relation in self.declaration.relations:
@@ -433,7 +449,7 @@ class Stage:
         keys = sorted(keys)
         if not keys:
             return
-        concrete = {k: values[k] for k in keys if is_concrete(values[k])}
+        concrete = {k: values[k] for k in keys if is_concrete(values[k]) and not _is_key(values[k])}
         if concrete:
             read = jax.device_get(concrete)
             for key, value in read.items():
@@ -520,11 +536,12 @@ class Stage:
             self._check_values(values, traced, "an option traced under jax.jit")
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         given = without_examples(self.label, updates) if self.per_example else updates
-        if self.init_fn is None:
-            updates = check_updates(self.label, given, self.apply_fn(updates, params, **kwargs))
-        else:
-            updates, state = check_stage_result(self.label, given, state,
-                                                self.apply_fn(updates, state, params, **kwargs))
+        with checking(self.checked):
+            if self.init_fn is None:
+                updates = check_updates(self.label, given, self.apply_fn(updates, params, **kwargs))
+            else:
+                updates, state = check_stage_result(self.label, given, state,
+                                                    self.apply_fn(updates, state, params, **kwargs))
         if self.in_state:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
                                    hyperparams={k: values[k] for k in sorted(self.in_state)})
@@ -605,6 +622,18 @@ def check_stage_result(label: str, updates: Any, state: Any, result: Any) -> tup
         raise ValueError(f"{label}: apply_fn must return a state of the structure and shapes init gives: at {where} "
                          f"it got {want} and returned {got}")
     return new_updates, new_state
+
+
+def _numeric_domain(domain: Domain | None) -> bool:
+    """Whether a declared domain holds numbers (undeclared: whatever the option's value is)."""
+    if isinstance(domain, Valid):
+        domain = domain.values
+    return domain is None or isinstance(domain, (Real, Integer))
+
+
+def _is_key(value: Any) -> bool:
+    """A typed PRNG key (``jax.random.key``): a leaf NumPy cannot read."""
+    return isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)
 
 
 def _is_pipeline(value: Any) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from updax._domains import Domain, Relation
 from updax._stage import Stage
 from updax._typing import DType, PyTree, ScalarOrSchedule, ScheduleLike
 
@@ -591,7 +592,7 @@ class Update:
     def schedule_free(
         self,
         learning_rate: ScalarOrSchedule,
-        b1: ScalarOrSchedule = 0.9,
+        b1: float = 0.9,
         weight_lr_power: ScalarOrSchedule = 2.0,
         *,
         state_dtype: DType = None,

@@ -10,7 +10,9 @@ import inspect
 from typing import Any
 
 from updax import _execute
+from updax._domains import Valid, fail
 from updax._primitives import stateful
+from updax._stage import reserve_name
 from updax._update import Update
 
 __all__ = ["from_optax", "to_optax"]
@@ -44,6 +46,29 @@ class OptaxTransformation:
     def __repr__(self) -> str:
         label = "" if self.label is None else f"{self.label!r} "
         return f"<optax {label}at {id(self.transformation):#x}>"
+
+
+_OPTAX = "must be an optax transformation (an object with init and update functions)"
+
+
+def _optax_transformation(call: str, name: str, value: Any) -> Any:
+    """An optax transformation (anything with ``init`` and ``update`` functions, as optax's protocol), given or
+    held (:class:`OptaxTransformation`), returned as it is; an updax object is refused. (optax itself is not
+    imported: updax never requires it.)"""
+    held = value.transformation if isinstance(value, OptaxTransformation) else value
+    if isinstance(held, Update):
+        fail(call, name, value, f"{_OPTAX}; this one is already an updax object, a pipeline as it is", TypeError)
+    if not (callable(getattr(held, "init", None)) and callable(getattr(held, "update", None))):
+        fail(call, name, value, _OPTAX, TypeError)
+    return value
+
+
+#: The domain of from_optax's option.
+_TRANSFORMATION = Valid(rule=_optax_transformation, text=_OPTAX)
+
+# The stage name is kept for from_optax's stage from import on, as the catalogue's are: no other stage (a
+# snapshot named "from_optax") can take it.
+reserve_name("from_optax", __name__)
 
 
 def _init_from_optax(params, *, transformation):
@@ -101,16 +126,12 @@ def from_optax(transformation: Any, label: str | None = None) -> Update:
         optax's ``GradientTransformation`` protocol.
         https://optax.readthedocs.io/en/latest/api/transformations.html
     """
-    init, update = getattr(transformation, "init", None), getattr(transformation, "update", None)
-    if not (callable(init) and callable(update)) or isinstance(transformation, Update):
-        raise TypeError(f"from_optax(transformation={transformation!r}): expected an optax transformation (an "
-                        "object with init and update functions)" + ("; this one is already an updax object"
-                                                                   if isinstance(transformation, Update) else ""))
-    if label is not None and not isinstance(label, str):
-        raise TypeError(f"from_optax(label={label!r}): label must be a string or None")
-    held = OptaxTransformation(transformation, label, _takes_extra_args(update))
-    return stateful(_init_from_optax, _apply_from_optax, name="from_optax", options={"transformation": held},
-                    static=("transformation",))
+    transformation = _TRANSFORMATION.check("from_optax", "transformation", transformation)
+    if label is not None and not isinstance(label, str):  # (not an option: what the held transformation prints)
+        fail("from_optax", "label", label, "must be a string or None", TypeError)
+    held = OptaxTransformation(transformation, label, _takes_extra_args(transformation.update))
+    return stateful(_init_from_optax, _apply_from_optax, name="from_optax", options=dict(transformation=held),
+                    domains=dict(transformation=_TRANSFORMATION), static=("transformation",))
 
 
 def to_optax(opt: Update) -> Any:

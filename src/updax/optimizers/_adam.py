@@ -9,6 +9,7 @@ from updax import _validate as check
 from updax import schedules
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import (
     scale_by_adam,
     scale_by_adamax,
@@ -22,15 +23,16 @@ from updax.updates import (
 )
 
 
+@optimizer
 def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None,
-         nu_dtype: DType = None, nesterov: bool = False) -> Update:
+         nu_dtype: DType = None, nesterov: bool = False, maximize: bool = False) -> Update:
     """Adam.
 
     Pipeline: ``scale_by_adam(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
@@ -39,6 +41,9 @@ def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2:
         nu_dtype: storage dtype of the second moment. Default: ``None``.
         nesterov: Nesterov's look-ahead first moment (as optax's
             ``nesterov=True``). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -52,21 +57,23 @@ def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2:
         Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015.
         https://arxiv.org/abs/1412.6980
     """
-    return scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                         nesterov=nesterov).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                             nesterov=nesterov).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0, *,
           mu_dtype: DType = None, nu_dtype: DType = None, nesterov: bool = False, mask: PyTree | Callable[[PyTree],
-          PyTree] | None = None) -> Update:
+          PyTree] | None = None, maximize: bool = False) -> Update:
     """AdamW: Adam with decoupled weight decay.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``.
     (Axon's default ``decay`` is 0; optax's is 1e-4.)
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
@@ -79,6 +86,9 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -92,25 +102,31 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
         2019. https://arxiv.org/abs/1711.05101
     """
-    return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                          nesterov=nesterov)
-            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                              nesterov=nesterov)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
-              eps: ScalarOrSchedule = 0.0, eps_root: ScalarOrSchedule = 1e-16, *, nesterov: bool = False) -> Update:
+              eps: ScalarOrSchedule = 0.0, eps_root: ScalarOrSchedule = 1e-16, *, nesterov: bool = False,
+              maximize: bool = False) -> Update:
     """AdaBelief: Adam whose second moment tracks the spread of the gradient around its mean.
 
     Pipeline: ``scale_by_belief(b1, b2, eps, eps_root) |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: belief decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``0.0``.
         eps_root: added to the belief at every step. Default: ``1e-16``.
         nesterov: Nesterov's look-ahead first moment (as optax's
             ``nesterov=True``). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -123,19 +139,21 @@ def adabelief(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9
     References:
         Zhuang et al., "AdaBelief Optimizer", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
-    return scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov).scale_by_learning_rate(
-        learning_rate)
+    pipeline = scale_by_belief(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov).scale_by_learning_rate(
+            learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0, *,
-          nesterov: bool = False) -> Update:
+          nesterov: bool = False, maximize: bool = False) -> Update:
     """Rectified Adam.
 
     Pipeline: ``scale_by_radam(b1, b2, eps, eps_root, threshold) |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
@@ -143,6 +161,9 @@ def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         threshold: ``ρt`` from which the rectified step is used. Default: ``5.0``.
         nesterov: Nesterov's look-ahead first moment (as optax's
             ``nesterov=True``). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -156,25 +177,30 @@ def radam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond",
         ICLR 2020. https://arxiv.org/abs/1908.03265
     """
-    return scale_by_radam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
-                          nesterov=nesterov).scale_by_learning_rate(
-        learning_rate)
+    pipeline = scale_by_radam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold,
+                              nesterov=nesterov).scale_by_learning_rate(
+            learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def yogi(learning_rate: ScalarOrSchedule = 1e-2, initial_accumulator_value: ScalarOrSchedule = 1e-6,
          b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-3,
-         eps_root: ScalarOrSchedule = 0.0) -> Update:
+         eps_root: ScalarOrSchedule = 0.0, *, maximize: bool = False) -> Update:
     """Yogi: Adam with an additive, sign-controlled second moment.
 
     Pipeline: ``scale_by_yogi(...) |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         initial_accumulator_value: initial moments. Default: ``1e-06``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment rate. Default: ``0.999``.
         eps: added to the denominator. Default: ``0.001``.
         eps_root: added inside the square root. Default: ``0.0``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -187,25 +213,30 @@ def yogi(learning_rate: ScalarOrSchedule = 1e-2, initial_accumulator_value: Scal
     References:
         Zaheer et al., "Adaptive Methods for Nonconvex Optimization", NeurIPS 2018.
     """
-    return scale_by_yogi(initial_accumulator_value=initial_accumulator_value, b1=b1, b2=b2, eps=eps,
-                         eps_root=eps_root).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_yogi(initial_accumulator_value=initial_accumulator_value, b1=b1, b2=b2, eps=eps,
+                             eps_root=eps_root).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def amsgrad(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
             eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-            nu_dtype: DType = None) -> Update:
+            nu_dtype: DType = None, maximize: bool = False) -> Update:
     """AMSGrad: Adam with a non-decreasing second moment.
 
     Pipeline: ``scale_by_amsgrad(b1, b2, eps, eps_root) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
         eps_root: added inside the square root. Default: ``0.0``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moments. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -218,21 +249,26 @@ def amsgrad(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, 
     References:
         Reddi et al., "On the Convergence of Adam and Beyond", ICLR 2018.
     """
-    return scale_by_amsgrad(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-                            nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_amsgrad(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                                nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def adamax(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
-           eps: ScalarOrSchedule = 1e-8) -> Update:
+           eps: ScalarOrSchedule = 1e-8, *, maximize: bool = False) -> Update:
     """AdaMax: Adam with the infinity norm in place of the second moment.
 
     Pipeline: ``scale_by_adamax(b1, b2, eps) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule (the paper's 0.002). Default: ``0.002``.
+        learning_rate: a number >= 0 or a schedule (the paper's 0.002). Default: ``0.002``.
         b1: first-moment decay. Default: ``0.9``.
         b2: decay of the infinity norm. Default: ``0.999``.
         eps: added inside the maximum (optax's placement). Default: ``1e-08``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -245,18 +281,19 @@ def adamax(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
     References:
         Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015, section 7.
     """
-    return scale_by_adamax(b1=b1, b2=b2, eps=eps).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, scale_by_adamax(b1=b1, b2=b2, eps=eps).scale_by_learning_rate(learning_rate))
 
 
+@optimizer
 def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
             eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4, *, mask: PyTree | Callable[[PyTree],
-            PyTree] | None = None) -> Update:
+            PyTree] | None = None, maximize: bool = False) -> Update:
     """AdaMax with decoupled weight decay.
 
     Pipeline: ``scale_by_adamax(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.002``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.002``.
         b1: first-moment decay. Default: ``0.9``.
         b2: decay of the infinity norm. Default: ``0.999``.
         eps: added inside the maximum. Default: ``1e-08``.
@@ -264,6 +301,9 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -276,25 +316,30 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
     References:
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019.
     """
-    return (scale_by_adamax(b1=b1, b2=b2, eps=eps).add_decayed_weights(decay=decay, mask=mask)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_adamax(b1=b1, b2=b2, eps=eps).add_decayed_weights(decay=decay, mask=mask)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def nadam(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-          nu_dtype: DType = None) -> Update:
+          nu_dtype: DType = None, maximize: bool = False) -> Update:
     """NAdam: Adam with Nesterov momentum.
 
     Pipeline: ``scale_by_nadam(b1, b2, eps, eps_root) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule (Dozat's 0.002). Default: ``0.002``.
+        learning_rate: a number >= 0 or a schedule (Dozat's 0.002). Default: ``0.002``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
         eps_root: added inside the square root. Default: ``0.0``.
         mu_dtype: storage dtype of the first moment. Default: ``None``.
         nu_dtype: storage dtype of the second moment. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -307,20 +352,22 @@ def nadam(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2
     References:
         Dozat, "Incorporating Nesterov Momentum into Adam", ICLR 2016 workshop.
     """
-    return scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-                          nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                              nu_dtype=nu_dtype).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
            eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 1e-4, *,
            mu_dtype: DType = None, nu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
-           PyTree] | None = None) -> Update:
+           PyTree] | None = None, maximize: bool = False) -> Update:
     """NAdamW: NAdam with decoupled weight decay.
 
     Pipeline: ``scale_by_nadam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.002``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.002``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
@@ -331,6 +378,9 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -343,19 +393,22 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
     References:
         Dozat, 2016; Loshchilov & Hutter, 2019.
     """
-    return (scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92,
          b3: ScalarOrSchedule = 0.99, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-8,
-         decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+         decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+         maximize: bool = False) -> Update:
     """Adan: adaptive Nesterov momentum estimated from gradient differences.
 
     Pipeline: ``scale_by_adan(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: decay of the gradient average. Default: ``0.98``.
         b2: decay of the gradient-difference average. Default: ``0.92``.
         b3: decay of the second moment. Default: ``0.99``.
@@ -365,6 +418,9 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -378,14 +434,17 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for Faster
         Optimizing Deep Models", 2022. https://arxiv.org/abs/2208.06677
     """
-    return (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root).add_decayed_weights(decay=decay, mask=mask)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root).add_decayed_weights(decay=decay, mask=mask)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: int | None = None,
-                        b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                        b1: float = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                         decay: ScalarOrSchedule = 0.0, weight_lr_power: ScalarOrSchedule = 2.0, *,
-                        state_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+                        state_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+                        maximize: bool = False) -> Update:
     """Schedule-free AdamW: AdamW without momentum, wrapped in schedule-free averaging.
 
     Pipeline: ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)
@@ -398,10 +457,11 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
     the two agree exactly).
 
     Args:
-        learning_rate: the peak learning rate (the reference's 0.0025), a number or, without
-            ``warmup_steps``, a schedule. Default: ``0.0025``.
+        learning_rate: the peak learning rate (the reference's 0.0025), a number >= 0
+            or, without ``warmup_steps``, a schedule. Default: ``0.0025``.
         warmup_steps: length of the linear warm-up, or None. Default: ``None``.
-        b1: the interpolation weight, in (0, 1). Default: ``0.9``.
+        b1: the interpolation weight, a number in (0, 1), not a schedule (see
+            :func:`updax.schedule_free`). Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
         decay: decoupled weight decay, applied at the interpolated
@@ -412,6 +472,9 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -437,4 +500,5 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
     inner = (scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True)
              .add_decayed_weights(decay=decay, mask=mask)
              .scale_by_learning_rate(learning_rate))
-    return inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+    pipeline = inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+    return maximized(maximize, pipeline)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import (
     scale_by_ademamix,
     scale_by_adopt,
@@ -13,16 +14,17 @@ from updax.updates import (
 )
 
 
+@optimizer
 def adopt(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999,
           eps: ScalarOrSchedule = 1e-6, clip_value: ScalarOrSchedule | None = None, *, mu_dtype: DType = None,
-          nu_dtype: DType = None, nesterov: bool = False, use_clipping: bool = True) -> Update:
+          nu_dtype: DType = None, nesterov: bool = False, use_clipping: bool = True, maximize: bool = False) -> Update:
     """ADOPT: Adam that normalises each update by the previous second moment.
 
     Pipeline: ``scale_by_adopt(b1, b2, eps, clip_value) |> scale_by_learning_rate(learning_rate)``.
     The first step only measures the second moment and leaves the params.
 
     Args:
-        learning_rate: a number or a schedule (the paper's 1e-3). Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule (the paper's 1e-3). Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.9999``.
         eps: the smallest normaliser. Default: ``1e-06``.
@@ -32,6 +34,9 @@ def adopt(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         nu_dtype: storage dtype of the second moment. Default: ``None``.
         nesterov: Nesterov's look-ahead (optax's option). Default: ``False``.
         use_clipping: clip the normalised updates. Default: ``True``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -45,20 +50,23 @@ def adopt(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         Taniguchi et al., "ADOPT: Modified Adam Can Converge with Any β2 with
         the Optimal Rate", NeurIPS 2024. https://arxiv.org/abs/2411.02853
     """
-    return scale_by_adopt(b1=b1, b2=b2, eps=eps, clip_value=clip_value, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                          nesterov=nesterov, use_clipping=use_clipping).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_adopt(b1=b1, b2=b2, eps=eps, clip_value=clip_value, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                              nesterov=nesterov, use_clipping=use_clipping).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
              b3: ScalarOrSchedule = 0.9999, alpha: ScalarOrSchedule = 5.0, eps: ScalarOrSchedule = 1e-8,
              eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-             nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+             nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+             maximize: bool = False) -> Update:
     """AdEMAMix: AdamW with a second, slow EMA of the gradients mixed in.
 
     Pipeline: ``scale_by_ademamix(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: decay of the fast EMA. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         b3: decay of the slow EMA, a number or a schedule (the paper's warm-up). Default: ``0.9999``.
@@ -71,6 +79,9 @@ def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -84,21 +95,24 @@ def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         Pagliardini et al., "The AdEMAMix Optimizer: Better, Faster, Older",
         2024. https://arxiv.org/abs/2409.03137
     """
-    return (scale_by_ademamix(b1=b1, b2=b2, b3=b3, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-                              nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_ademamix(b1=b1, b2=b2, b3=b3, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                                  nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSchedule = 0.99,
                         b2: ScalarOrSchedule = 0.95, alpha: ScalarOrSchedule = 0.0, eps: ScalarOrSchedule = 1e-8,
                         eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-                        nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+                        nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+                        maximize: bool = False) -> Update:
     """Simplified AdEMAMix: one undamped momentum plus ``alpha`` times the gradient, Adam-normalised.
 
     Pipeline: ``scale_by_simplified_ademamix(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule; the momentum is a sum, about
+        learning_rate: a number >= 0 or a schedule; the momentum is a sum, about
             ``1/(1-b1)`` times Adam's, so the default is Adam's 1e-3 times
             ``1 - b1``. Default: ``1e-05``.
         b1: momentum decay. Default: ``0.99``.
@@ -112,6 +126,9 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -126,6 +143,7 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
         AdEMAMix, and Accelerated SGD Variants", 2025.
         https://arxiv.org/abs/2502.02431
     """
-    return (scale_by_simplified_ademamix(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
-                                         nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_simplified_ademamix(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                                             nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)

@@ -8,14 +8,16 @@ from updax import _validate as check
 from updax import schedules
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import scale_by_factored_rms, scale_by_sm3
 
 
+@optimizer
 def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_factor: int = 128,
               decay_rate: ScalarOrSchedule = 0.8, decay_offset: int = 0, multiply_by_parameter_scale: bool = True,
               clipping_threshold: ScalarOrSchedule | None = 1.0, momentum: ScalarOrSchedule | None = None,
               decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True, *,
-              mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+              mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
@@ -26,7 +28,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
     with ``multiply_by_parameter_scale`` gives the paper's default rule.
 
     Args:
-        learning_rate: a number, a schedule, or None for
+        learning_rate: a number >= 0, a schedule, or None for
             ``schedules.relative_step()``. Default: ``None``.
         min_dim_size_to_factor: leaves whose two largest dimensions are both
             at least this are factored. Default: ``128``.
@@ -43,6 +45,9 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params`` when
@@ -71,19 +76,23 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         opt = opt.ema(momentum, debias=False)
     if decay is not None:
         opt = opt.add_decayed_weights(decay=decay, mask=mask)
-    return opt.scale(-1.0)
+    return maximized(maximize, opt.scale(-1.0))
 
 
-def sm3(learning_rate: ScalarOrSchedule = 1e-1, momentum: ScalarOrSchedule = 0.9) -> Update:
+@optimizer
+def sm3(learning_rate: ScalarOrSchedule = 1e-1, momentum: ScalarOrSchedule = 0.9, *, maximize: bool = False) -> Update:
     """SM3: memory-efficient adaptive steps from per-axis accumulators.
 
     Pipeline: ``scale_by_sm3(b1=momentum) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule; like AdaGrad's, SM3's steps
+        learning_rate: a number >= 0 or a schedule; like AdaGrad's, SM3's steps
             shrink as its accumulators grow, so it takes rates well above
             Adam's. Default: ``0.1``.
         momentum: EMA decay of the scaled updates. Default: ``0.9``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -97,4 +106,4 @@ def sm3(learning_rate: ScalarOrSchedule = 1e-1, momentum: ScalarOrSchedule = 0.9
         Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS 2019.
         https://arxiv.org/abs/1901.11150
     """
-    return scale_by_sm3(b1=momentum).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, scale_by_sm3(b1=momentum).scale_by_learning_rate(learning_rate))

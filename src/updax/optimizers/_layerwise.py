@@ -7,20 +7,22 @@ from collections.abc import Callable
 from updax import _validate as check
 from updax._typing import DType, PyTree, Scalar, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd, scale_by_trust_ratio
 
 
+@optimizer
 def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0,
          min_norm: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None,
-         mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+         mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """LAMB: AdamW rescaled per leaf by the trust ratio.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_trust_ratio(min_norm)
     |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
         eps: added to the denominator. Default: ``1e-08``.
@@ -32,6 +34,9 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -45,22 +50,24 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         You et al., "Large Batch Optimization for Deep Learning: Training BERT
         in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
     """
-    return (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-            .add_decayed_weights(decay=decay, mask=mask).scale_by_trust_ratio(min_norm=min_norm)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask).scale_by_trust_ratio(min_norm=min_norm)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
          trust_coefficient: ScalarOrSchedule = 1e-3, eps: ScalarOrSchedule = 0.0, momentum: ScalarOrSchedule = 0.9,
          nesterov: bool = False, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
-         trust_ratio_mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+         trust_ratio_mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """LARS: momentum SGD with a per-layer trust ratio.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_trust_ratio(trust_coefficient=…, eps=…)
     |> scale_by_learning_rate(lr) |> trace(momentum, nesterov)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.1``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.1``.
         decay: weight decay added before the trust ratio. Default: ``0.0``.
         trust_coefficient: the trust coefficient (the paper's 0.001). Default: ``0.001``.
         eps: added to the update norm. Default: ``0.0``.
@@ -71,6 +78,9 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
             decays every leaf. Default: ``None``.
         trust_ratio_mask: which leaves the trust ratio scales, in the same
             forms; None scales every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -84,12 +94,14 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
         You et al., "Large Batch Training of Convolutional Networks", 2017.
         https://arxiv.org/abs/1708.03888
     """
-    return (add_decayed_weights(decay=decay, mask=mask)
-            .scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps, mask=trust_ratio_mask)
-            .scale_by_learning_rate(learning_rate).trace(decay=momentum, nesterov=nesterov))
+    pipeline = (add_decayed_weights(decay=decay, mask=mask)
+                .scale_by_trust_ratio(trust_coefficient=trust_coefficient, eps=eps, mask=trust_ratio_mask)
+                .scale_by_learning_rate(learning_rate).trace(decay=momentum, nesterov=nesterov))
+    return maximized(maximize, pipeline)
 
 
-def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6) -> Update:
+@optimizer
+def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, maximize: bool = False) -> Update:
     """Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
 
     Pipeline, with ``m = 1/sqrt(1 + lr²)``: ``scale_by_trust_ratio(min_norm)
@@ -99,6 +111,9 @@ def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6) -> 
     Args:
         learning_rate: a positive number. Default: ``0.01``.
         min_norm: floor of both norms in the trust ratio. Default: ``1e-06``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -114,19 +129,21 @@ def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6) -> 
     """
     learning_rate = check.number("fromage", "learning_rate", learning_rate, 0.0, lo_open=True)
     mult = 1.0 / (1.0 + learning_rate**2) ** 0.5
-    return (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(learning_rate * mult)
-            .add_decayed_weights(decay=mult - 1.0))
+    pipeline = (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(learning_rate * mult)
+                .add_decayed_weights(decay=mult - 1.0))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25,
              eps: ScalarOrSchedule = 1e-6, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
-             mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+             mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """NovoGrad: momentum of updates normalised by a layer-wise second moment.
 
     Pipeline: ``scale_by_novograd(b1, b2, eps, eps_root, decay) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         b1: first-moment decay. Default: ``0.9``.
         b2: decay of the layer-wise second moment. Default: ``0.25``.
         eps: added to the denominator (optax's alias default). Default: ``1e-06``.
@@ -135,6 +152,9 @@ def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -148,5 +168,6 @@ def novograd(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive
         Moments for Training of Deep Networks", 2019. https://arxiv.org/abs/1905.11286
     """
-    return scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root, decay=decay,
-                             mask=mask).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_novograd(b1=b1, b2=b2, eps=eps, eps_root=eps_root, decay=decay,
+                                 mask=mask).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)

@@ -34,7 +34,7 @@ def lbfgs(learning_rate: ScalarOrSchedule | None = None, memory_size: int = 10, 
     is the last word.
 
     Args:
-        learning_rate: a number or a schedule scaling the direction, or None
+        learning_rate: a number >= 0 or a schedule scaling the direction, or None
             for none (the line search picks the step). Default: ``None``.
         memory_size: the number of past steps kept, a positive integer.
             Default: ``10``.

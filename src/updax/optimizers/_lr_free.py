@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import (
     add_decayed_weights,
     scale,
@@ -20,10 +21,12 @@ from updax.updates import (
 )
 
 
+@optimizer
 def prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
             b3: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-8, estim_lr0: float = 1e-6,
             estim_lr_coef: ScalarOrSchedule = 1.0, decay: ScalarOrSchedule = 0.0, *,
-            safeguard_warmup: bool = False, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+            safeguard_warmup: bool = False, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+            maximize: bool = False) -> Update:
     """Prodigy: AdamW whose learning rate is an estimate of the distance to the solution.
 
     Pipeline: ``scale_by_prodigy(learning_rate, ...) |> scale(-1.0)``: the
@@ -32,7 +35,7 @@ def prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b
     ``beta3`` is ``b3`` and its ``weight_decay`` is ``decay``.
 
     Args:
-        learning_rate: a multiplier of the estimated step, a number or a
+        learning_rate: a multiplier of the estimated step, a number >= 0 or a
             schedule (best 1 at its peak, e.g. a cosine decay from 1).
             Default: ``1.0``.
         b1: first-moment decay. Default: ``0.9``.
@@ -47,6 +50,9 @@ def prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``, and ``init`` the real
@@ -61,14 +67,16 @@ def prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b
         Mishchenko & Defazio, "Prodigy: An Expeditiously Adaptive
         Parameter-Free Learner", ICML 2024. https://arxiv.org/abs/2306.06101
     """
-    return scale_by_prodigy(learning_rate=learning_rate, b1=b1, b2=b2, b3=b3, eps=eps, estim_lr0=estim_lr0,
-                            estim_lr_coef=estim_lr_coef, decay=decay, safeguard_warmup=safeguard_warmup,
-                            mask=mask).scale(-1.0)
+    pipeline = scale_by_prodigy(learning_rate=learning_rate, b1=b1, b2=b2, b3=b3, eps=eps, estim_lr0=estim_lr0,
+                                estim_lr_coef=estim_lr_coef, decay=decay, safeguard_warmup=safeguard_warmup,
+                                mask=mask).scale(-1.0)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
                  eps: ScalarOrSchedule = 1e-8, estim_lr0: float = 1e-6, decay: ScalarOrSchedule = 0.0, *,
-                 mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+                 mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """D-Adaptation AdamW: AdamW whose learning rate is an estimate of the distance to the solution.
 
     Pipeline: ``scale_by_dadapt_adamw(learning_rate, ...) |> scale(-1.0)``:
@@ -77,7 +85,7 @@ def dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0
     ``b1, b2`` and its ``weight_decay`` is ``decay``.
 
     Args:
-        learning_rate: a multiplier of the estimated step, a number or a
+        learning_rate: a multiplier of the estimated step, a number >= 0 or a
             schedule (best 1 at its peak). Default: ``1.0``.
         b1: first-moment decay. Default: ``0.9``.
         b2: second-moment decay. Default: ``0.999``.
@@ -87,6 +95,9 @@ def dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -100,13 +111,15 @@ def dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0
         Defazio & Mishchenko, "Learning-Rate-Free Learning by D-Adaptation",
         ICML 2023. https://arxiv.org/abs/2301.07733
     """
-    return scale_by_dadapt_adamw(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, estim_lr0=estim_lr0,
-                                 decay=decay, mask=mask).scale(-1.0)
+    pipeline = scale_by_dadapt_adamw(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, estim_lr0=estim_lr0,
+                                     decay=decay, mask=mask).scale(-1.0)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def dog(learning_rate: ScalarOrSchedule = 1.0, init_step: float = 1e-6, init_step_type: str = "heuristic",
         eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0, *,
-        mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+        mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """DoG: SGD whose step is the distance travelled over the root of the summed squared gradient norms.
 
     Pipeline: ``add_decayed_weights(decay, mask) |> scale_by_dog(init_step,
@@ -116,7 +129,7 @@ def dog(learning_rate: ScalarOrSchedule = 1.0, init_step: float = 1e-6, init_ste
     the iterates (``.ema_params(...)``).
 
     Args:
-        learning_rate: a multiplier of the step, a number or a schedule.
+        learning_rate: a multiplier of the step, a number >= 0 or a schedule.
             Default: ``1.0``.
         init_step: the initial step's value. Default: ``1e-06``.
         init_step_type: ``"heuristic"``, ``"distance"`` or ``"learning_rate"``.
@@ -126,6 +139,9 @@ def dog(learning_rate: ScalarOrSchedule = 1.0, init_step: float = 1e-6, init_ste
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``, and ``init`` the real
@@ -140,14 +156,16 @@ def dog(learning_rate: ScalarOrSchedule = 1.0, init_step: float = 1e-6, init_ste
         Ivgi, Hinder & Carmon, "DoG is SGD's Best Friend: A Parameter-Free
         Dynamic Step Size Schedule", ICML 2023. https://arxiv.org/abs/2302.12022
     """
-    return (add_decayed_weights(decay=decay, mask=mask)
-            .scale_by_dog(init_step=init_step, init_step_type=init_step_type, eps=eps)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (add_decayed_weights(decay=decay, mask=mask)
+                .scale_by_dog(init_step=init_step, init_step_type=init_step_type, eps=eps)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def dowg(learning_rate: ScalarOrSchedule = 1.0, init_estim_sq_dist: float | None = None,
          eps: ScalarOrSchedule = 1e-4, decay: ScalarOrSchedule = 0.0, *,
-         mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+         mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
     """DoWG: SGD whose step is the squared distance travelled over the weighted gradient norms' root.
 
     Pipeline: ``add_decayed_weights(decay, mask) |> scale_by_dowg(
@@ -155,7 +173,7 @@ def dowg(learning_rate: ScalarOrSchedule = 1.0, init_estim_sq_dist: float | None
     optax's ``weight_decay`` is ``decay``.
 
     Args:
-        learning_rate: a multiplier of the step, a number or a schedule.
+        learning_rate: a multiplier of the step, a number >= 0 or a schedule.
             Default: ``1.0``.
         init_estim_sq_dist: the initial guess of the squared distance to the
             solution; None uses ``eps``. Default: ``None``.
@@ -164,6 +182,9 @@ def dowg(learning_rate: ScalarOrSchedule = 1.0, init_estim_sq_dist: float | None
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``, and ``init`` the real
@@ -179,13 +200,16 @@ def dowg(learning_rate: ScalarOrSchedule = 1.0, init_estim_sq_dist: float | None
         Parameter-Free Gradient Descent Method", NeurIPS 2023.
         https://arxiv.org/abs/2305.16284
     """
-    return (add_decayed_weights(decay=decay, mask=mask)
-            .scale_by_dowg(init_estim_sq_dist=init_estim_sq_dist, eps=eps)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (add_decayed_weights(decay=decay, mask=mask)
+                .scale_by_dowg(init_estim_sq_dist=init_estim_sq_dist, eps=eps)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def cocob(learning_rate: ScalarOrSchedule = 1.0, alpha: ScalarOrSchedule = 100.0, eps: float = 1e-8,
-          decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+          decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+          maximize: bool = False) -> Update:
     """COCOB-Backprop: coordinate-wise coin betting, with no step size at all.
 
     Pipeline: ``add_decayed_weights(decay, mask) |> scale(learning_rate) |>
@@ -195,7 +219,7 @@ def cocob(learning_rate: ScalarOrSchedule = 1.0, alpha: ScalarOrSchedule = 100.0
     ``decay``.
 
     Args:
-        learning_rate: a weight of the gradients, a number or a schedule.
+        learning_rate: a weight of the gradients, a number >= 0 or a schedule.
             Default: ``1.0``.
         alpha: bounds the early bets. Default: ``100.0``.
         eps: the initial bound on the gradients. Default: ``1e-08``.
@@ -203,6 +227,9 @@ def cocob(learning_rate: ScalarOrSchedule = 1.0, alpha: ScalarOrSchedule = 100.0
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``, and ``init`` the real
@@ -217,7 +244,8 @@ def cocob(learning_rate: ScalarOrSchedule = 1.0, alpha: ScalarOrSchedule = 100.0
         Orabona & Tommasi, "Training Deep Networks without Learning Rates
         Through Coin Betting", NeurIPS 2017. https://arxiv.org/abs/1705.07795
     """
-    return add_decayed_weights(decay=decay, mask=mask).pipe(scale, learning_rate).scale_by_cocob(alpha=alpha, eps=eps)
+    pipeline = add_decayed_weights(decay=decay, mask=mask).pipe(scale, learning_rate).scale_by_cocob(alpha=alpha, eps=eps)
+    return maximized(maximize, pipeline)
 
 
 def polyak_sgd(learning_rate: ScalarOrSchedule = 1.0, max_learning_rate: ScalarOrSchedule = 1.0,
@@ -234,7 +262,7 @@ def polyak_sgd(learning_rate: ScalarOrSchedule = 1.0, max_learning_rate: ScalarO
 
     Args:
         learning_rate: a multiplier of Polyak's step (optax's ``scaling``),
-            a number or a schedule. Default: ``1.0``.
+            a number >= 0 or a schedule. Default: ``1.0``.
         max_learning_rate: the largest step size. Default: ``1.0``.
         f_min: a lower bound of the loss. Default: ``0.0``.
         eps: added to the squared gradient norm. Default: ``0.0``.

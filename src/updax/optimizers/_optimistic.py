@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import scale_by_adam, scale_by_optimistic_gradient
 
 
+@optimizer
 def optimistic_gradient_descent(learning_rate: ScalarOrSchedule = 1e-2, alpha: ScalarOrSchedule = 1.0,
-                                beta: ScalarOrSchedule = 1.0) -> Update:
+                                beta: ScalarOrSchedule = 1.0, *, maximize: bool = False) -> Update:
     """Optimistic gradient descent: each step corrects by the change of the gradient since the last one.
 
     Pipeline: ``scale_by_optimistic_gradient(alpha, beta) |> scale_by_learning_rate(learning_rate)``,
@@ -17,9 +19,12 @@ def optimistic_gradient_descent(learning_rate: ScalarOrSchedule = 1e-2, alpha: S
     games where gradient descent cycles. The first step is ``-η·α·g``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         alpha: the weight of the current gradient. Default: ``1.0``.
         beta: the optimism (negative momentum). Default: ``1.0``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -35,13 +40,15 @@ def optimistic_gradient_descent(learning_rate: ScalarOrSchedule = 1e-2, alpha: S
         Analysis of Extra-gradient and Optimistic Gradient Methods for Saddle
         Point Problems", AISTATS 2020. https://arxiv.org/abs/1901.08511
     """
-    return scale_by_optimistic_gradient(alpha=alpha, beta=beta).scale_by_learning_rate(learning_rate)
+    pipeline = scale_by_optimistic_gradient(alpha=alpha, beta=beta).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSchedule = 1.0,
                     beta: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
                     eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-                    nu_dtype: DType = None, nesterov: bool = False) -> Update:
+                    nu_dtype: DType = None, nesterov: bool = False, maximize: bool = False) -> Update:
     """Optimistic Adam: optimistic steps along Adam's direction.
 
     Pipeline: ``scale_by_adam(b1, b2, eps, eps_root) |> scale_by_optimistic_gradient(alpha, beta)
@@ -53,7 +60,7 @@ def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSched
     ``optimistic_adam_v2`` defaults to True.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         alpha: the weight of the current direction. Default: ``1.0``.
         beta: the optimism (negative momentum). Default: ``1.0``.
         b1: first-moment decay. Default: ``0.9``.
@@ -64,6 +71,9 @@ def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSched
         nu_dtype: storage dtype of the second moment. Default: ``None``.
         nesterov: Nesterov's look-ahead first moment (optax's default).
             Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -77,6 +87,7 @@ def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSched
         Daskalakis et al., "Training GANs with Optimism", ICLR 2018,
         Algorithm 1. https://arxiv.org/abs/1711.00141
     """
-    return scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                         nesterov=nesterov).scale_by_optimistic_gradient(alpha=alpha, beta=beta).scale_by_learning_rate(
-        learning_rate)
+    pipeline = scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                             nesterov=nesterov).scale_by_optimistic_gradient(alpha=alpha, beta=beta).scale_by_learning_rate(
+            learning_rate)
+    return maximized(maximize, pipeline)

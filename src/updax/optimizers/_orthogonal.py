@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from updax._options import format_value
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import partition, scale_by_adam, scale_by_muon, scale_by_nadam
 from updax.updates._muon_dims import dimension_numbers, is_spec, leaf_axes
 
@@ -48,13 +49,15 @@ def _labels(weight_dimension_numbers: Any) -> Any:
     return jax.tree.map(_group_of, weight_dimension_numbers, is_leaf=is_spec)
 
 
+@optimizer
 def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
          ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0,
          *, nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
          adam_b2: ScalarOrSchedule = 0.999, adam_eps_root: ScalarOrSchedule = 0.0, adam_decay: ScalarOrSchedule = 0.0,
          adam_learning_rate: ScalarOrSchedule | None = None, mask: PyTree | Callable[[PyTree],
          PyTree] | None = None, adaptive: bool = False,
-         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+         maximize: bool = False) -> Update:
     """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
     Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
@@ -67,7 +70,7 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
     and ``scale_by_shape`` take the same dimension numbers.
 
     Args:
-        learning_rate: a number or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
+        learning_rate: a number >= 0 or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
         ns_coeffs: the quintic Newton-Schulz coefficients. Default: ``(3.4445, -4.775, 2.0315)``.
         ns_steps: Newton-Schulz iterations, an integer in [1, 100]. Default: ``5``.
         beta: momentum decay. Default: ``0.95``.
@@ -93,6 +96,9 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
             (Muon) or None (Adam) shaped like the params or a prefix of them,
             or a function of the params returning one; None gives Muon to the
             leaves with two axes. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -120,4 +126,4 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
     adam_like = scale_by_nadam if nesterov else scale_by_adam
     others = (adam_like(b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root, mu_dtype=mu_dtype)
               .add_decayed_weights(decay=adam_decay, mask=mask).scale_by_learning_rate(adam_learning_rate))
-    return partition({"muon": matrices, "adam": others}, _labels(dims))
+    return maximized(maximize, partition({"muon": matrices, "adam": others}, _labels(dims)))

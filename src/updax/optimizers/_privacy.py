@@ -7,12 +7,14 @@ import jax
 from updax import _validate as check
 from updax._typing import ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import differentially_private_aggregate
 
 
+@optimizer
 def dpsgd(learning_rate: ScalarOrSchedule = 1e-2, l2_norm_clip: ScalarOrSchedule = 1.0,
           noise_multiplier: ScalarOrSchedule = 1.0, key: int | jax.Array = 0, momentum: ScalarOrSchedule | None = None,
-          nesterov: bool = False) -> Update:
+          nesterov: bool = False, *, maximize: bool = False) -> Update:
     """Differentially private SGD: per-example clipping and Gaussian noise, then (momentum) SGD.
 
     Pipeline: ``differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
@@ -24,7 +26,7 @@ def dpsgd(learning_rate: ScalarOrSchedule = 1e-2, l2_norm_clip: ScalarOrSchedule
     and the number of steps; compute it with a privacy accountant.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         l2_norm_clip: the largest global norm an example's gradient
             keeps, >= 0. Default: ``1.0``.
         noise_multiplier: the noise's standard deviation in units of
@@ -33,6 +35,9 @@ def dpsgd(learning_rate: ScalarOrSchedule = 1e-2, l2_norm_clip: ScalarOrSchedule
             Default: ``0``.
         momentum: the trace decay, or None for plain SGD. Default: ``None``.
         nesterov: Nesterov momentum (with ``momentum`` set). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object that takes per-example updates.
@@ -50,4 +55,4 @@ def dpsgd(learning_rate: ScalarOrSchedule = 1e-2, l2_norm_clip: ScalarOrSchedule
     aggregate = differentially_private_aggregate(l2_norm_clip, noise_multiplier, key)
     if momentum is not None:
         aggregate = aggregate.trace(decay=momentum, nesterov=nesterov)
-    return aggregate.scale_by_learning_rate(learning_rate)
+    return maximized(maximize, aggregate.scale_by_learning_rate(learning_rate))

@@ -7,13 +7,15 @@ from collections.abc import Callable
 from updax import _validate as check
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import add_decayed_weights, scale_by_rms, scale_by_rss, scale_by_stddev
 
 
+@optimizer
 def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, momentum: ScalarOrSchedule | None = None,
             nesterov: bool = False, decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
             initial_scale: ScalarOrSchedule = 0.0, *, eps_in_sqrt: bool = True,
-            bias_correction: bool = False) -> Update:
+            bias_correction: bool = False, maximize: bool = False) -> Update:
     """RMSProp, optionally centred and with momentum.
 
     Pipeline: ``scale_by_rms`` (or ``scale_by_stddev`` when centred)
@@ -21,7 +23,7 @@ def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, mome
     when ``momentum`` is given (Axon's order).
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         centered: scale by the centred second moment. Default: ``False``.
         momentum: the trace decay, or None for no momentum. Default: ``None``.
         nesterov: Nesterov momentum (with ``momentum`` set). Default: ``False``.
@@ -32,6 +34,9 @@ def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, mome
             (optax's option). Default: ``True``.
         bias_correction: divide the moments by ``1-decay^t``, as Adam does
             (optax's option). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -51,19 +56,23 @@ def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, centered: bool = False, mome
                   bias_correction=bias_correction).scale_by_learning_rate(learning_rate)
     if momentum is not None:
         opt = opt.trace(decay=momentum, nesterov=nesterov)
-    return opt
+    return maximized(maximize, opt)
 
 
+@optimizer
 def adagrad(learning_rate: ScalarOrSchedule = 1e-3, initial_accumulator_value: ScalarOrSchedule = 0.1,
-            eps: ScalarOrSchedule = 1e-7) -> Update:
+            eps: ScalarOrSchedule = 1e-7, *, maximize: bool = False) -> Update:
     """AdaGrad: steps scaled by the root of the sum of all squared gradients so far.
 
     Pipeline: ``scale_by_rss(initial_accumulator_value, eps) |> scale_by_learning_rate(learning_rate)``.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.001``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
         initial_accumulator_value: initial sum of squares. Default: ``0.1``.
         eps: added inside the square root. Default: ``1e-07``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -77,18 +86,21 @@ def adagrad(learning_rate: ScalarOrSchedule = 1e-3, initial_accumulator_value: S
         Duchi et al., "Adaptive Subgradient Methods for Online Learning and
         Stochastic Optimization", JMLR 2011.
     """
-    return scale_by_rss(initial_accumulator_value=initial_accumulator_value, eps=eps).scale_by_learning_rate(
-        learning_rate)
+    pipeline = scale_by_rss(initial_accumulator_value=initial_accumulator_value, eps=eps).scale_by_learning_rate(
+            learning_rate)
+    return maximized(maximize, pipeline)
 
 
+@optimizer
 def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6,
-             decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+             decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+             maximize: bool = False) -> Update:
     """AdaDelta: steps sized by the RMS of past steps over the RMS of gradients.
 
     Pipeline: ``add_decayed_weights(decay) |> scale_by_adadelta(rho, eps) |> scale_by_learning_rate(lr)``.
 
     Args:
-        learning_rate: a number or a schedule; the paper has none, i.e. 1.
+        learning_rate: a number >= 0 or a schedule; the paper has none, i.e. 1.
             Default: ``1.0``.
         rho: decay of both running averages. Default: ``0.9``.
         eps: added inside both roots. Default: ``1e-06``.
@@ -96,6 +108,9 @@ def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9,
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -108,5 +123,6 @@ def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: ScalarOrSchedule = 0.9,
     References:
         Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012. https://arxiv.org/abs/1212.5701
     """
-    return (add_decayed_weights(decay=decay, mask=mask).scale_by_adadelta(rho=rho, eps=eps)
-            .scale_by_learning_rate(learning_rate))
+    pipeline = (add_decayed_weights(decay=decay, mask=mask).scale_by_adadelta(rho=rho, eps=eps)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)

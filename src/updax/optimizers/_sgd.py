@@ -7,20 +7,25 @@ import jax
 from updax import _validate as check
 from updax._typing import ScalarOrSchedule
 from updax._update import Update
+from updax.optimizers._common import maximized, optimizer
 from updax.updates import add_noise, scale_by_learning_rate, trace
 
 
+@optimizer
 def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | None = None,
-        nesterov: bool = False) -> Update:
+        nesterov: bool = False, *, maximize: bool = False) -> Update:
     """Stochastic gradient descent, optionally with (Nesterov) momentum.
 
     Pipeline: ``trace(momentum, nesterov) |> scale_by_learning_rate(learning_rate)``,
     without the trace when ``momentum`` is None.
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         momentum: the trace decay, or None for plain SGD. Default: ``None``.
         nesterov: Nesterov momentum (with ``momentum`` set). Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -36,12 +41,13 @@ def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | Non
     """
     check.flag("sgd", "nesterov", nesterov)
     if momentum is None:
-        return scale_by_learning_rate(learning_rate)
-    return trace(decay=momentum, nesterov=nesterov).scale_by_learning_rate(learning_rate)
+        return maximized(maximize, scale_by_learning_rate(learning_rate))
+    return maximized(maximize, trace(decay=momentum, nesterov=nesterov).scale_by_learning_rate(learning_rate))
 
 
+@optimizer
 def noisy_sgd(learning_rate: ScalarOrSchedule = 1e-2, eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55,
-              key: int | jax.Array = 0) -> Update:
+              key: int | jax.Array = 0, *, maximize: bool = False) -> Update:
     """SGD on gradients with annealed Gaussian noise added.
 
     Pipeline: ``add_noise(eta, gamma, key) |> scale_by_learning_rate(learning_rate)``:
@@ -49,10 +55,13 @@ def noisy_sgd(learning_rate: ScalarOrSchedule = 1e-2, eta: ScalarOrSchedule = 0.
     the learning-rate scaling).
 
     Args:
-        learning_rate: a number or a schedule. Default: ``0.01``.
+        learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         eta: the initial noise variance. Default: ``0.01``.
         gamma: the annealing exponent. Default: ``0.55``.
         key: an int seed or a JAX PRNG key. Default: ``0``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
 
     Returns:
         An update object.
@@ -66,4 +75,4 @@ def noisy_sgd(learning_rate: ScalarOrSchedule = 1e-2, eta: ScalarOrSchedule = 0.
         Neelakantan et al., "Adding Gradient Noise Improves Learning for Very
         Deep Networks", 2015. https://arxiv.org/abs/1511.06807
     """
-    return add_noise(eta=eta, gamma=gamma, key=key).scale_by_learning_rate(learning_rate)
+    return maximized(maximize, add_noise(eta=eta, gamma=gamma, key=key).scale_by_learning_rate(learning_rate))

@@ -7,10 +7,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, Pipeline, Real, Valid, fail,
+                            is_concrete, returned)
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -70,10 +72,10 @@ def trace(decay: ScalarOrSchedule = 0.9, nesterov: bool = False, *, accumulator_
         methods", 1964; Sutskever et al., "On the importance of initialization
         and momentum in deep learning", ICML 2013.
     """
-    options = dict(decay=check.real("trace", "decay", decay, 0.0, 1.0),
-                   nesterov=check.flag("trace", "nesterov", nesterov),
-                   accumulator_dtype=check.float_dtype("trace", "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_trace, _apply_trace, elementwise=True, name="trace", options=options, schedulable=("decay",))
+    return stateful(_init_trace, _apply_trace, elementwise=True, name="trace",
+                    options=dict(decay=decay, nesterov=nesterov, accumulator_dtype=accumulator_dtype),
+                    domains=dict(decay=Real(0.0, 1.0), nesterov=Flag(), accumulator_dtype=FloatDtype()),
+                    schedulable=("decay",))
 
 
 class AccumulateGradientsState(NamedTuple):
@@ -88,10 +90,50 @@ class AccumulateGradientsState(NamedTuple):
 
     inner: tuple
     accumulated: Any
-    mini_step: jax.Array
-    gradient_step: jax.Array
-    updated: jax.Array
+    mini_step: Count
+    gradient_step: Count
+    updated: FlagField
     skip: dict
+
+
+#: ``k``, the calls accumulated per step: the ``steps`` option, or each value its function returns.
+_STEPS = Integer(1)
+
+
+def _steps_option(call, name, value):
+    """``steps``: a positive integer, or a function ``gradient_step -> k`` (whose values :func:`_steps_at`
+    checks as it returns them)."""
+    return value if callable(value) else _STEPS.check(call, name, value)
+
+
+#: What the options of accumulate_gradients hold.
+_ACCUMULATE_DOMAINS = dict(inner=Pipeline(), mean=Flag(), should_skip=Function(optional=True),
+                           steps=Valid(rule=_steps_option, values=_STEPS,
+                                       text="must be a positive integer or a function gradient_step -> k"))
+
+
+def _steps_at(steps, gradient_step):
+    """``k`` for this call, as int32: ``steps``, or what its function returns for ``gradient_step``. What it
+    returns is refused by name unless it is a positive integer: its shape and dtype while tracing (a traced
+    float too: whether it is whole is not known until it runs), its value where it is concrete (and under
+    :func:`updax.checked`)."""
+    if not callable(steps):
+        return jnp.asarray(steps, jnp.int32)
+    call, name, where = "accumulate_gradients", "steps(...)", "the value it returned"
+    k = steps(gradient_step)
+    try:
+        dtype, shape = jnp.result_type(k), jnp.shape(k)
+    except TypeError:
+        fail(call, name, k, _STEPS.text, TypeError, where)
+    shown = np.asarray(k) if is_concrete(k) else f"<traced {dtype.name}{list(shape)}>"
+    if shape != ():
+        fail(call, name, shown, f"{_STEPS.text}, not an array of shape {shape}", TypeError, where)
+    if dtype == jnp.bool_ or not (jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.floating)):
+        fail(call, name, shown, f"{_STEPS.text}, not {dtype.name}", TypeError, where)
+    if jnp.issubdtype(dtype, jnp.floating) and not is_concrete(k):
+        fail(call, name, shown, f"{_STEPS.text}: return an integer dtype under jax.jit (a traced float is not "
+             "known to be whole until it runs)", TypeError, where)
+    return jnp.asarray(returned(call, "steps", k, _STEPS, gradient_step), jnp.int32)
 
 
 def _skip_record(should_skip, params):
@@ -116,7 +158,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
         skip = jnp.asarray(skip, bool)
         _tree.check_same_structure("accumulate_gradients", state.skip, record, "the skip record at init",
                                    "the skip function's record")
-    k = jnp.asarray(steps(state.gradient_step) if callable(steps) else steps, jnp.int32)
+    k = _steps_at(steps, state.gradient_step)
     accumulated = _tree.tree_map("accumulate_gradients", lambda a, g: a + g.astype(a.dtype), state.accumulated,
                                  updates, names=("state.accumulated", "updates"))
     mini_step = _tree.safe_increment(state.mini_step)
@@ -179,8 +221,14 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
 
     Args:
         steps: ``k``, the calls accumulated per step: an integer >= 1, or a
-            function ``gradient_step -> k`` (a varying accumulation). No
-            default.
+            function ``gradient_step -> k`` (a varying accumulation) that
+            returns one, as a Python int or an integer array of shape ``()``
+            (a whole float is taken where it is concrete, e.g. a constant
+            ``4.0``; under ``jax.jit`` a traced float is refused while
+            tracing, as not known to be whole until it runs). What the
+            function returns is refused by name: an array of another shape
+            or dtype always, 0, a negative, a fraction or NaN on an eager step
+            (and under :func:`updax.checked`). No default.
         mean: divide the sum by ``k``; False steps on the sum. Default:
             ``True``.
         should_skip: a skip function, or None. Default: ``None``.
@@ -205,14 +253,9 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
         Axon.Loop's gradient accumulation; optax.MultiSteps (mini_step,
         gradient_step, should_skip_update_fn).
     """
-    call = "accumulate_gradients"
-    if not callable(steps):
-        steps = check.positive_int(call, "steps", steps)
-    if should_skip is not None:
-        check.function(call, "should_skip", should_skip)
-    options = dict(inner=inner, steps=steps, mean=check.flag(call, "mean", mean), should_skip=should_skip)
-    return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name=call, options=options,
-                    wraps="inner", state_last=("inner", "accumulated"))
+    return stateful(_init_accumulate_gradients, _apply_accumulate_gradients, name="accumulate_gradients",
+                    options=dict(inner=inner, steps=steps, mean=mean, should_skip=should_skip),
+                    domains=_ACCUMULATE_DOMAINS, wraps="inner", state_last=("inner", "accumulated"))
 
 
 def has_updated(state: PyTree) -> jax.Array:

@@ -228,8 +228,8 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
         https://arxiv.org/abs/1412.6980
     """
     return _adam_like(_adam_like_init, _apply_scale_by_adam, "scale_by_adam",
-                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                           nesterov=nesterov))
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov, mu_dtype=mu_dtype,
+                           nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
@@ -292,8 +292,8 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
     """
     # XLA recomputes the new s from the old one in the params' kernel: s (nu) is written after it (updax._in_place).
     return _adam_like(_init_scale_by_belief, _apply_scale_by_belief, "scale_by_belief",
-                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
-                           nesterov=nesterov), state_last=("nu",))
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov, mu_dtype=mu_dtype,
+                           nu_dtype=nu_dtype), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
@@ -366,8 +366,8 @@ def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps
         ICLR 2020. https://arxiv.org/abs/1908.03265
     """
     return _adam_like(_adam_like_init, _apply_scale_by_radam, "scale_by_radam",
-                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold, mu_dtype=mu_dtype,
-                           nu_dtype=nu_dtype, nesterov=nesterov))
+                      dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, threshold=threshold, nesterov=nesterov,
+                           mu_dtype=mu_dtype, nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------

@@ -11,21 +11,29 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, POSITIVE, Count, Flag, NonNegativeField, Valid
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._adam import ScaleByAdamState, _adam_like_init
+from updax.updates._adam import _ADAM_DOMAINS, _adam_like_init
 from updax.updates._kernels import (abs_sq, add, bias_corrections, clip, div, maximum, moment, mul, number,
                                    per_leaf_rooted, where)
 
 # --------------------------------------------------------------------------
 # States
+
+
+class ScaleByAdoptState(NamedTuple):
+    """ADOPT's momentum of the normalised updates ``mu``, the second moment ``nu`` of the updates before this
+    one (``g²`` after the first call), steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
 
 
 class ScaleByAdemamixState(NamedTuple):
@@ -34,13 +42,37 @@ class ScaleByAdemamixState(NamedTuple):
 
     mu_fast: Any
     mu_slow: Any
-    nu: Any
-    count: jax.Array
+    nu: NonNegativeField
+    count: Count
 
 
-def _dtypes(call, mu_dtype, nu_dtype):
-    return {"mu_dtype": check.float_dtype(call, "mu_dtype", mu_dtype),
-            "nu_dtype": check.float_dtype(call, "nu_dtype", nu_dtype)}
+class ScaleBySimplifiedAdemamixState(NamedTuple):
+    """The undamped sum ``mu`` of the updates (``m ← b1·m + g``), their second moment ``nu``, steps taken
+    ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+def _optional_positive(call, name, value):
+    """None, or a number > 0."""
+    return None if value is None else POSITIVE.check(call, name, value)
+
+
+#: What the options of the Adam variants hold: Adam's rules (:data:`updax.updates._adam._ADAM_DOMAINS`) and
+#: the variants' own. (ADOPT's ``nesterov`` was there from the start: it prints at False.)
+_VARIANT_DOMAINS = {**_ADAM_DOMAINS, "alpha": NON_NEGATIVE, "nesterov": Flag(), "use_clipping": Flag(),
+                    "clip_value": Valid(rule=_optional_positive, text="must be None or in (0, inf)",
+                                        values=POSITIVE)}
+
+
+def _variant(init_fn, apply_fn, name, options, state_last=()):
+    """An Adam variant: its options' domains from :data:`_VARIANT_DOMAINS`, every option but the flags and
+    dtypes schedulable."""
+    schedulable = [k for k in options if k not in ("mu_dtype", "nu_dtype", "nesterov", "use_clipping")]
+    return stateful(init_fn, apply_fn, name=name, options=options, domains={k: _VARIANT_DOMAINS[k] for k in options},
+                    schedulable=schedulable, state_last=state_last)
 
 
 # --------------------------------------------------------------------------
@@ -54,6 +86,10 @@ def _clipped(x, bound):
     size = jnp.abs(x)
     over = size > bound
     return jnp.where(over, x * (bound / jnp.where(over, size, 1.0)), x)
+
+
+def _init_scale_by_adopt(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByAdoptState)
 
 
 def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=None, nesterov, use_clipping):
@@ -80,7 +116,7 @@ def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=Non
 
     u, mu, nu = per_leaf_rooted("scale_by_adopt", before, after, (updates, state.mu, state.nu),
                                 ("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
+    return u, ScaleByAdoptState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
 
 
 @combinator
@@ -119,7 +155,7 @@ def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, ep
             first, unclipped ADOPT. Default: ``True``.
 
     Returns:
-        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+        An update object with state ``ScaleByAdoptState(mu, nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -137,15 +173,10 @@ def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, ep
         Taniguchi et al., "ADOPT: Modified Adam Can Converge with Any β2 with
         the Optimal Rate", NeurIPS 2024. https://arxiv.org/abs/2411.02853
     """
-    call = "scale_by_adopt"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps),
-                   clip_value=None if clip_value is None else check.positive(call, "clip_value", clip_value),
-                   **_dtypes(call, mu_dtype, nu_dtype), nesterov=check.flag(call, "nesterov", nesterov),
-                   use_clipping=check.flag(call, "use_clipping", use_clipping))
     # The update is normalized by the old second moment: nu is written after the params' update (updax._in_place).
-    return stateful(_adam_like_init, _apply_scale_by_adopt, name=call, options=options,
-                    schedulable=("b1", "b2", "eps", "clip_value"), state_last=("nu",))
+    return _variant(_init_scale_by_adopt, _apply_scale_by_adopt, "scale_by_adopt",
+                    dict(b1=b1, b2=b2, eps=eps, clip_value=clip_value, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                         nesterov=nesterov, use_clipping=use_clipping), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
@@ -220,16 +251,17 @@ def scale_by_ademamix(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, 
         Pagliardini et al., "The AdEMAMix Optimizer: Better, Faster, Older",
         2024. https://arxiv.org/abs/2409.03137
     """
-    call = "scale_by_ademamix"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2), b3=check.unit(call, "b3", b3),
-                   alpha=check.nonnegative(call, "alpha", alpha), eps=check.nonnegative(call, "eps", eps),
-                   eps_root=check.nonnegative(call, "eps_root", eps_root), **_dtypes(call, mu_dtype, nu_dtype))
-    return stateful(_init_scale_by_ademamix, _apply_scale_by_ademamix, name=call, options=options,
-                    schedulable=("b1", "b2", "b3", "alpha", "eps", "eps_root"))
+    return _variant(_init_scale_by_ademamix, _apply_scale_by_ademamix, "scale_by_ademamix",
+                    dict(b1=b1, b2=b2, b3=b3, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                         nu_dtype=nu_dtype))
 
 
 # --------------------------------------------------------------------------
 # Simplified AdEMAMix
+
+
+def _init_scale_by_simplified_ademamix(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleBySimplifiedAdemamixState)
 
 
 def _apply_scale_by_simplified_ademamix(updates, state, params, *, b1, b2, alpha, eps, eps_root):
@@ -245,7 +277,7 @@ def _apply_scale_by_simplified_ademamix(updates, state, params, *, b1, b2, alpha
 
     u, mu, nu = per_leaf_rooted("scale_by_simplified_ademamix", before, after, (updates, state.mu, state.nu),
                          ("updates", "state.mu", "state.nu"))
-    return u, ScaleByAdamState(mu=mu, nu=nu, count=count)
+    return u, ScaleBySimplifiedAdemamixState(mu=mu, nu=nu, count=count)
 
 
 @combinator
@@ -276,7 +308,7 @@ def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedu
         nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
 
     Returns:
-        An update object with state ``ScaleByAdamState(mu, nu, count)``.
+        An update object with state ``ScaleBySimplifiedAdemamixState(mu, nu, count)``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -293,9 +325,6 @@ def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedu
         AdEMAMix, and Accelerated SGD Variants", 2025.
         https://arxiv.org/abs/2502.02431
     """
-    call = "scale_by_simplified_ademamix"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   alpha=check.nonnegative(call, "alpha", alpha), eps=check.nonnegative(call, "eps", eps),
-                   eps_root=check.nonnegative(call, "eps_root", eps_root), **_dtypes(call, mu_dtype, nu_dtype))
-    return stateful(_adam_like_init, _apply_scale_by_simplified_ademamix, name=call, options=options,
-                    schedulable=("b1", "b2", "alpha", "eps", "eps_root"))
+    return _variant(_init_scale_by_simplified_ademamix, _apply_scale_by_simplified_ademamix,
+                    "scale_by_simplified_ademamix",
+                    dict(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))

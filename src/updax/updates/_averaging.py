@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import (ANY_REAL, LEARNING_RATE, Count, Flag, FloatDtype, Integer, NonNegativeField, Pipeline,
+                            Real, Valid, fail)
 from updax._primitives import apply_updates, stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -17,12 +18,37 @@ from updax.updates._kernels import add, blend, filled, mul, sub, warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
-    """The wrapped pipeline's state, the base iterate ``z``, and the averaging weights."""
+    """The wrapped pipeline's state, the base iterate ``z``, and the averaging weights (float32: the largest
+    learning rate so far ``max_lr`` and the sum of its powers ``weight_sum``)."""
 
     inner: tuple
     z: Any
-    weight_sum: jax.Array
-    max_lr: jax.Array
+    weight_sum: NonNegativeField
+    max_lr: NonNegativeField
+
+
+_B1 = Real(0.0, 1.0, lo_open=True, hi_open=True)
+
+
+def _fixed_b1(call, name, value):
+    """schedule_free's ``b1``: a number in (0, 1), refused as a schedule (see :func:`schedule_free`)."""
+    if callable(value) and not isinstance(value, type):
+        fail(call, name, value, "must be a number in (0, 1), not a schedule: each step carries y = b1·x + (1 - b1)·z "
+             "with one b1, so a b1 that changes moves y off the average x that schedule_free_eval_params recovers "
+             "(the paper's b1 is a constant)", TypeError)
+    return _B1.check(call, name, value)
+
+
+#: What the options of the averaging stages hold.
+_AVERAGING_DOMAINS = dict(
+    inner=Pipeline(), learning_rate=LEARNING_RATE,
+    b1=Valid(rule=_fixed_b1, text="must be a number in (0, 1), not a schedule", values=_B1),
+    weight_lr_power=ANY_REAL, state_dtype=FloatDtype(), decay=Real(0.0, 1.0), decay_min=Flag(),
+    accumulator_dtype=FloatDtype(), start=Integer(1), period=Integer(1))
+
+
+def _domains(options):
+    return {k: _AVERAGING_DOMAINS[k] for k in options}
 
 
 def _init_schedule_free(params, *, inner, state_dtype):
@@ -32,9 +58,12 @@ def _init_schedule_free(params, *, inner, state_dtype):
 
 
 def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, weight_lr_power, **extra):
-    max_lr = jnp.maximum(state.max_lr, learning_rate)
-    weight = max_lr**weight_lr_power
-    weight_sum = state.weight_sum + weight
+    # (the weights keep their dtype: a schedule's float64 value under x64 would widen them, and a state whose
+    # dtypes change between steps breaks lax.cond, lax.scan and donation)
+    dtype = state.max_lr.dtype
+    max_lr = jnp.maximum(state.max_lr, learning_rate).astype(dtype)
+    weight = (max_lr**weight_lr_power).astype(dtype)
+    weight_sum = (state.weight_sum + weight).astype(dtype)
     ck = jnp.where(weight_sum > 0, weight / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
     steps, inner_state = inner.update(updates, state.inner, params, **extra)
     again = None  # the step traced once more, for the params' kernel (updax._in_place.recomputing)
@@ -65,7 +94,7 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
 
 
 @combinator(wraps=True)
-def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSchedule = 0.9,
+def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: float = 0.9,
                   weight_lr_power: ScalarOrSchedule = 2.0, *, state_dtype: DType = None) -> Update:
     """Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging.
 
@@ -92,10 +121,24 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSc
     inside both kernels rather than store it for both (a pipeline whose
     trace has effects, a ``jax.debug.print``, is traced once).
 
+    ``b1`` is a number, fixed for the run, as in the paper: each step carries
+    ``y`` forward with one ``b1``, ``y' = b1·x' + (1 - b1)·z'`` holding only
+    if ``y = b1·x + (1 - b1)·z`` held with the same ``b1``, so a schedule for
+    it is refused (with a ``b1`` that changed, ``y`` would no longer
+    interpolate the average that :func:`schedule_free_eval_params` recovers
+    from it). For the same reason ``b1`` is static: a new ``b1`` is a new
+    run (and a new compiled step), and :func:`updax.hyperparams_in_state`
+    does not hold it in the state to be replaced between steps. The learning
+    rate is
+    ``>= 0`` (a negative one would turn the averaging off: its weights come
+    from the largest rate so far, which would stay 0); the averaging weights
+    are float32.
+
     Args:
-        learning_rate: the wrapped pipeline's learning rate (a number or a
-            schedule); it weights the average. No default.
-        b1: the interpolation weight, in (0, 1). Default: ``0.9``.
+        learning_rate: the wrapped pipeline's learning rate, >= 0 (a number
+            or a schedule); it weights the average. No default.
+        b1: the interpolation weight, a number in (0, 1), not a schedule
+            (above). Default: ``0.9``.
         weight_lr_power: the power ``p`` of the weights. Default: ``2.0``.
         state_dtype: storage dtype of ``z``; None keeps the params' dtype.
             Default: ``None``.
@@ -120,16 +163,14 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: ScalarOrSc
         Defazio et al., "The Road Less Scheduled", NeurIPS 2024.
         https://arxiv.org/abs/2405.15682
     """
-    call = "schedule_free"
-    options = dict(inner=inner, learning_rate=check.real(call, "learning_rate", learning_rate),
-                   b1=check.real(call, "b1", b1, 0.0, 1.0, lo_open=True, hi_open=True),
-                   weight_lr_power=check.real(call, "weight_lr_power", weight_lr_power),
-                   state_dtype=check.float_dtype(call, "state_dtype", state_dtype))
-    return stateful(_init_schedule_free, _apply_schedule_free, name=call, options=options, wraps="inner",
-                    needs_params=True, schedulable=("learning_rate", "b1", "weight_lr_power"))
+    options = dict(inner=inner, learning_rate=learning_rate, b1=b1, weight_lr_power=weight_lr_power,
+                   state_dtype=state_dtype)
+    return stateful(_init_schedule_free, _apply_schedule_free, name="schedule_free", options=options,
+                    domains=_domains(options), wraps="inner", needs_params=True, static=("b1",),
+                    schedulable=("learning_rate", "weight_lr_power"))
 
 
-def schedule_free_eval_params(opt: Update, state: PyTree, params: PyTree) -> PyTree:
+def schedule_free_eval_params(opt: Update, state: PyTree, params: PyTree, *, path: str | None = None) -> PyTree:
     """The averaged params ``x`` to evaluate a schedule-free model at: ``z + (y - z) / b1``.
 
     ``x`` is recovered from ``y = b1·x + (1 - b1)·z``, so the rounding of
@@ -138,18 +179,33 @@ def schedule_free_eval_params(opt: Update, state: PyTree, params: PyTree) -> PyT
     divide by ``b1``.
 
     Args:
-        opt: the update object holding one ``schedule_free`` stage. No default.
+        opt: the update object. No default.
         state: its state. No default.
         params: the current (training) params ``y``. No default.
+        path: the ``schedule_free`` stage's state path, when there is not
+            exactly one at the top of the pipeline (e.g.
+            ``"apply_if_finite/schedule_free"`` inside a wrapper, or
+            ``"schedule_free[1]"``). Default: ``None``.
 
     Returns:
         A params-shaped tree; the training params are untouched.
 
     Example:
-        See :func:`schedule_free`.
+        See :func:`schedule_free`; inside a wrapper, name the stage:
+
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.5).apply_if_finite()
+        >>> params = {"w": jnp.array([1.0])}
+        >>> u, state = opt.update({"w": jnp.array([1.0])}, opt.init(params), params)
+        >>> ux.schedule_free_eval_params(opt, state, ux.apply_updates(params, u),
+        ...                              path="apply_if_finite/schedule_free")["w"]
+        Array([0.9], dtype=float32)
     """
-    b1 = opt.get_state(state, "schedule_free.b1")
-    z = opt.get_state(state, "schedule_free.z")
+    if path is None:
+        path = _the_stage("schedule_free_eval_params", opt, ("schedule_free",))
+    b1 = opt.get_state(state, f"{path}.b1")
+    z = opt.get_state(state, f"{path}.z")
 
     def leaf(y, zi):
         c = _tree.compute_dtype(y.dtype, zi.dtype)
@@ -173,7 +229,7 @@ def _mix(average, params, updates, keep):
 class EmaParamsState(NamedTuple):
     """The applied steps and the exponential moving average of the params after each."""
 
-    count: jax.Array
+    count: Count
     average: Any
 
 
@@ -227,12 +283,9 @@ def ema_params(decay: ScalarOrSchedule = 0.999, *, decay_min: bool = False, accu
         Polyak & Juditsky, "Acceleration of stochastic approximation by
         averaging", 1992; tf.train.ExponentialMovingAverage.
     """
-    call = "ema_params"
-    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
-                   decay_min=check.flag(call, "decay_min", decay_min),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_ema_params, _apply_ema_params, name=call, options=options, needs_params=True,
-                    schedulable=("decay",))
+    options = dict(decay=decay, decay_min=decay_min, accumulator_dtype=accumulator_dtype)
+    return stateful(_init_ema_params, _apply_ema_params, name="ema_params", options=options,
+                    domains=_domains(options), needs_params=True, schedulable=("decay",))
 
 
 class SwaState(NamedTuple):
@@ -242,8 +295,8 @@ class SwaState(NamedTuple):
     so snapshots keep coming every ``period`` steps; ``snapshots`` saturates.
     """
 
-    count: jax.Array
-    snapshots: jax.Array
+    count: Count
+    snapshots: Count
     average: Any
 
 
@@ -301,12 +354,35 @@ def swa(start: int = 1, period: int = 1, *, accumulator_dtype: DType = None) -> 
         Izmailov et al., "Averaging Weights Leads to Wider Optima and Better
         Generalization", UAI 2018. https://arxiv.org/abs/1803.05407
     """
-    options = dict(start=check.integer("swa", "start", start, 1), period=check.positive_int("swa", "period", period),
-                   accumulator_dtype=check.float_dtype("swa", "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_swa, _apply_swa, name="swa", options=options, needs_params=True)
+    options = dict(start=start, period=period, accumulator_dtype=accumulator_dtype)
+    return stateful(_init_swa, _apply_swa, name="swa", options=options, domains=_domains(options), needs_params=True)
 
 
 _AVERAGING_STAGES = ("ema_params", "swa")
+
+
+def _the_stage(call: str, opt: Update, labels: tuple[str, ...]) -> str:
+    """The label of the one stage at the top of ``opt`` named one of ``labels``, or an error that asks for a path
+    (and lists the paths of such stages anywhere in ``opt``)."""
+    found = [s.label for s in opt.stages if s.label in labels]
+    if len(found) != 1:
+        anywhere = _paths_to(opt, labels)
+        raise ValueError(f"{call}: {opt!r} has {len(found)} {'/'.join(labels)} stages at the top; name the one to "
+                         f"read with path=" + (f" (such stages: {', '.join(map(repr, anywhere))})" if anywhere else ""))
+    return found[0]
+
+
+def _paths_to(opt: Update, labels: tuple[str, ...], prefix: str = "") -> list[str]:
+    """The state paths of the stages named one of ``labels`` in ``opt`` and in the pipelines its stages run."""
+    paths, labels_here = [], [s.label for s in opt.stages]
+    for i, stage in enumerate(opt.stages):
+        k = labels_here[:i].count(stage.label)
+        selector = stage.label if labels_here.count(stage.label) == 1 else f"{stage.label}[{k}]"
+        if stage.label in labels:
+            paths.append(prefix + selector)
+        for key, (_, inner) in stage.nested().items():
+            paths += _paths_to(inner, labels, f"{prefix}{selector}/" + ("" if key is None else f"{key}/"))
+    return paths
 
 
 def averaged_params(opt: Update, state: PyTree, params: PyTree | None = None, *, path: str | None = None) -> PyTree:
@@ -329,11 +405,7 @@ def averaged_params(opt: Update, state: PyTree, params: PyTree | None = None, *,
         See :func:`ema_params` and :func:`swa`.
     """
     if path is None:
-        found = [s.label for s in opt.stages if s.label in _AVERAGING_STAGES]
-        if len(found) != 1:
-            raise ValueError(f"averaged_params: {opt!r} has {len(found)} ema_params/swa stages at the top; "
-                             "name the one to read with path=")
-        path = found[0]
+        path = _the_stage("averaged_params", opt, _AVERAGING_STAGES)
     average = opt.get_state(state, f"{path}.average")
     if params is None:
         return average

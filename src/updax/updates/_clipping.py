@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, POSITIVE, Valid, fail
 from updax._primitives import stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -47,14 +50,35 @@ def clip(delta: ScalarOrSchedule = 2.0) -> Update:
     References:
         Axon.Updates.clip.
     """
-    options = dict(delta=check.nonnegative("clip", "delta", delta))
-    return stateless(_apply_clip, elementwise=True, name="clip", options=options, schedulable=("delta",))
+    return stateless(_apply_clip, elementwise=True, name="clip", options=dict(delta=delta),
+                     domains=dict(delta=NON_NEGATIVE), schedulable=("delta",))
 
 
 def global_norm(updates: PyTree) -> jax.Array:
-    """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from ``|g|²``)."""
-    squares = [jnp.sum(abs_sq(_tree.cast(g, _tree.compute_dtype(g.dtype)))) for g in jax.tree.leaves(updates)]
+    """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from ``|g|²``).
+
+    The leaves are arrays or numbers (None leaves are empty subtrees); any
+    other leaf is a TypeError naming its path, e.g.
+    ``global_norm: tree['a'] is 'x', not an array or a number``.
+    """
+    squares = [jnp.sum(abs_sq(_tree.cast(g, _tree.compute_dtype(g.dtype)))) for g in _numeric_leaves(updates)]
     return safe_sqrt(sum(squares, jnp.zeros([], jnp.float32)))  # (a finite gradient at a zero update)
+
+
+def _numeric_leaves(tree):
+    """The leaves of :func:`global_norm`'s tree as JAX arrays of numbers (a Python number or a NumPy array
+    converted), or a TypeError naming the first leaf that is not one."""
+    leaves = []
+    for path, g in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if isinstance(g, numbers.Number) and not isinstance(g, bool):
+            g = jnp.asarray(g)
+        elif not isinstance(g, (jax.Array, np.ndarray, np.generic)):
+            raise TypeError(f"global_norm: tree{jax.tree_util.keystr(path)} is {g!r}, not an array or a number")
+        if g.dtype == np.bool_ or not jnp.issubdtype(g.dtype, jnp.number):
+            raise TypeError(f"global_norm: tree{jax.tree_util.keystr(path)} is an array of {g.dtype}, not of "
+                            "numbers")
+        leaves.append(g if isinstance(g, jax.Array) else jnp.asarray(g))
+    return leaves
 
 
 def _apply_clip_by_global_norm(updates, params, *, max_norm):
@@ -93,10 +117,8 @@ def clip_by_global_norm(max_norm: ScalarOrSchedule = 1.0) -> Update:
         Pascanu et al., "On the difficulty of training recurrent neural
         networks", ICML 2013. https://arxiv.org/abs/1211.5063
     """
-    max_norm = check.positive("clip_by_global_norm", "max_norm", max_norm)
     return stateless(_apply_clip_by_global_norm, elementwise=True, name="clip_by_global_norm",
-                     options=dict(max_norm=max_norm),
-                     schedulable=("max_norm",))
+                     options=dict(max_norm=max_norm), domains=dict(max_norm=POSITIVE), schedulable=("max_norm",))
 
 
 def _centralize_leaf(g):
@@ -171,15 +193,18 @@ def _apply_adaptive_grad_clip(updates, params, *, clipping, eps, axis):
     return jax.tree_util.tree_map_with_path(leaf, updates, params)
 
 
-def _check_axis(call, axis):
+def _axes(call, name, axis):
     """None, an int, or a non-empty sequence of distinct ints (kept as a tuple)."""
     axes = (axis,) if isinstance(axis, int) else axis
     if axis is None:
         return None
     if (not isinstance(axes, (tuple, list)) or not axes or len(set(axes)) != len(axes)
             or any(isinstance(a, bool) or not isinstance(a, int) for a in axes)):
-        check.fail(call, "axis", axis, "must be None, an int or a non-empty tuple of distinct ints", TypeError)
+        fail(call, name, axis, _AXIS.text, TypeError)
     return tuple(axes)
+
+
+_AXIS = Valid(rule=_axes, text="must be None, an int or a non-empty tuple of distinct ints")
 
 
 @combinator
@@ -228,8 +253,7 @@ def adaptive_grad_clip(clipping: ScalarOrSchedule, eps: ScalarOrSchedule = 1e-3,
         Brock et al., "High-Performance Large-Scale Image Recognition Without
         Normalization", ICML 2021. https://arxiv.org/abs/2102.06171
     """
-    call = "adaptive_grad_clip"
-    options = {"clipping": check.nonnegative(call, "clipping", clipping), "eps": check.nonnegative(call, "eps", eps),
-               "axis": _check_axis(call, axis)}
-    return stateless(_apply_adaptive_grad_clip, name=call, options=options, needs_params=True, static=("axis",),
-                     schedulable=("clipping", "eps"))
+    return stateless(_apply_adaptive_grad_clip, name="adaptive_grad_clip",
+                     options=dict(clipping=clipping, eps=eps, axis=axis),
+                     domains=dict(clipping=NON_NEGATIVE, eps=NON_NEGATIVE, axis=_AXIS), needs_params=True,
+                     static=("axis",), schedulable=("clipping", "eps"))

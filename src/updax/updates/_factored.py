@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, Integer, NonNegativeField, Real
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -35,10 +35,10 @@ class ScaleByFactoredRmsState(NamedTuple):
     factored. The fields a leaf does not use hold a one-element zero.
     """
 
-    v_row: Any
-    v_col: Any
-    v: Any
-    count: jax.Array
+    v_row: NonNegativeField
+    v_col: NonNegativeField
+    v: NonNegativeField
+    count: Count
 
 
 class ScaleBySm3State(NamedTuple):
@@ -49,8 +49,14 @@ class ScaleBySm3State(NamedTuple):
     than two axes keeps one full-size accumulator). ``mu`` is the momentum.
     """
 
-    accumulators: Any
+    accumulators: NonNegativeField
     mu: Any
+
+
+#: What the options of Adafactor's and SM3's stages hold.
+_FACTORED_DOMAINS = dict(factored=Flag(), decay_rate=NON_NEGATIVE, step_offset=Integer(0),
+                         min_dim_size_to_factor=Integer(1), epsilon=NON_NEGATIVE, accumulator_dtype=FloatDtype(),
+                         b1=UNIT, b2=Real(0.0, 1.0), eps=NON_NEGATIVE, mu_dtype=FloatDtype())
 
 
 # --------------------------------------------------------------------------
@@ -172,15 +178,11 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 
         Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
         Memory Cost", ICML 2018. https://arxiv.org/abs/1804.04235
     """
-    call = "scale_by_factored_rms"
-    options = dict(factored=check.flag(call, "factored", factored),
-                   decay_rate=check.nonnegative(call, "decay_rate", decay_rate),
-                   step_offset=check.integer(call, "step_offset", step_offset),
-                   min_dim_size_to_factor=check.positive_int(call, "min_dim_size_to_factor", min_dim_size_to_factor),
-                   epsilon=check.nonnegative(call, "epsilon", epsilon),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
+    options = dict(factored=factored, decay_rate=decay_rate, step_offset=step_offset,
+                   min_dim_size_to_factor=min_dim_size_to_factor, epsilon=epsilon, accumulator_dtype=accumulator_dtype)
     # The factoring decision shapes the state, so the size threshold is structure, not data.
-    return stateful(_init_scale_by_factored_rms, _apply_scale_by_factored_rms, name=call, options=options,
+    return stateful(_init_scale_by_factored_rms, _apply_scale_by_factored_rms, name="scale_by_factored_rms",
+                    options=options, domains={k: _FACTORED_DOMAINS[k] for k in options},
                     static=("min_dim_size_to_factor",), schedulable=("decay_rate", "epsilon"))
 
 
@@ -224,9 +226,8 @@ def scale_by_param_block_rms(min_scale: ScalarOrSchedule = 1e-3) -> Update:
         Memory Cost", ICML 2018 (relative step size).
         https://arxiv.org/abs/1804.04235
     """
-    call = "scale_by_param_block_rms"
-    return stateless(_apply_scale_by_param_block_rms, name=call,
-                     options=dict(min_scale=check.nonnegative(call, "min_scale", min_scale)), needs_params=True,
+    return stateless(_apply_scale_by_param_block_rms, name="scale_by_param_block_rms",
+                     options=dict(min_scale=min_scale), domains=dict(min_scale=NON_NEGATIVE), needs_params=True,
                      schedulable=("min_scale",))
 
 
@@ -266,9 +267,8 @@ def clip_by_block_rms(threshold: ScalarOrSchedule = 1.0) -> Update:
         Memory Cost", ICML 2018 (update clipping).
         https://arxiv.org/abs/1804.04235
     """
-    call = "clip_by_block_rms"
-    return stateless(_apply_clip_by_block_rms, name=call,
-                     options=dict(threshold=check.positive(call, "threshold", threshold)), schedulable=("threshold",))
+    return stateless(_apply_clip_by_block_rms, name="clip_by_block_rms", options=dict(threshold=threshold),
+                     domains=dict(threshold=POSITIVE), schedulable=("threshold",))
 
 
 # --------------------------------------------------------------------------
@@ -367,10 +367,7 @@ def scale_by_sm3(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 1.0, eps: Sc
         Anil et al., "Memory-Efficient Adaptive Optimization", NeurIPS 2019.
         https://arxiv.org/abs/1901.11150
     """
-    call = "scale_by_sm3"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.real(call, "b2", b2, 0.0, 1.0),
-                   eps=check.nonnegative(call, "eps", eps),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_sm3, _apply_scale_by_sm3, name=call, options=options,
-                    schedulable=("b1", "b2", "eps"))
+    options = dict(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, accumulator_dtype=accumulator_dtype)
+    # (SM3's b2 may be 1, which sums the squares: in [0, 1], where the others' decays are in [0, 1))
+    return stateful(_init_scale_by_sm3, _apply_scale_by_sm3, name="scale_by_sm3", options=options,
+                    domains={k: _FACTORED_DOMAINS[k] for k in options}, schedulable=("b1", "b2", "eps"))

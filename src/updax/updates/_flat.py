@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import Integer, Pipeline, Valid
 from updax._primitives import stateful
 from updax._typing import PyTree
 from updax._update import Update
@@ -172,6 +172,15 @@ def _check_elementwise(inner: Update) -> None:
                              "leaves to select. Mask outside flat_state, or leave the mask out")
 
 
+def _none_or_positive(call, name, value):
+    return None if value is None else Integer(1).check(call, name, value)
+
+
+#: What flat_state's options hold (the sizes only choose which leaves are joined: they size no state or loop).
+_FLAT_DOMAINS = dict(inner=Pipeline(), max_join_size=Integer(0), min_joined=Integer(1),
+                     max_shared=Valid(rule=_none_or_positive, text="must be None or a positive integer"))
+
+
 @combinator(wraps=True)
 def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None = 8,
                min_joined: int = 16) -> Update:
@@ -239,9 +248,7 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
         The kernel count behind it: docs/performance.md, "What XLA on a CPU allows".
     """
     _check_elementwise(inner)
-    options = {"inner": inner, "max_join_size": check.integer("flat_state", "max_join_size", max_join_size),
-               "max_shared": None if max_shared is None else check.integer("flat_state", "max_shared", max_shared,
-                                                                             low=1),
-               "min_joined": check.integer("flat_state", "min_joined", min_joined, low=1)}
-    return stateful(_init_flat_state, _apply_flat_state, name="flat_state", options=options, wraps="inner",
+    options = dict(inner=inner, max_join_size=max_join_size, max_shared=max_shared, min_joined=min_joined)
+    return stateful(_init_flat_state, _apply_flat_state, name="flat_state", options=options,
+                    domains={k: _FLAT_DOMAINS[k] for k in options}, wraps="inner",
                     static=("max_join_size", "max_shared", "min_joined"))

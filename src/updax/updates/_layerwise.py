@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, FloatDtype, NonNegativeField
+from updax._masks import Mask, leaf_mask
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax._masks import leaf_mask
 from updax.updates._masking import leafwise
 from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
 
@@ -26,8 +26,17 @@ class ScaleByNovogradState(NamedTuple):
     """Momentum of the normalized updates ``mu``, one scalar second moment per leaf ``nu``, steps taken ``count``."""
 
     mu: Any
-    nu: Any
-    count: jax.Array
+    nu: NonNegativeField
+    count: Count
+
+
+#: What the options of the layer-wise stages hold.
+_LAYERWISE_DOMAINS = dict(min_norm=NON_NEGATIVE, trust_coefficient=ANY_REAL, b1=UNIT, b2=UNIT, eps=NON_NEGATIVE,
+                          eps_root=NON_NEGATIVE, decay=ANY_REAL, mu_dtype=FloatDtype(), mask=Mask())
+
+
+def _domains(options):
+    return {k: _LAYERWISE_DOMAINS[k] for k in options}
 
 
 # --------------------------------------------------------------------------
@@ -72,12 +81,9 @@ def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: Sc
         You et al., "Large Batch Optimization for Deep Learning: Training BERT
         in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
     """
-    call = "scale_by_trust_ratio"
-    options = dict(min_norm=check.nonnegative(call, "min_norm", min_norm),
-                   trust_coefficient=check.real(call, "trust_coefficient", trust_coefficient),
-                   eps=check.nonnegative(call, "eps", eps), mask=check.mask(call, "mask", mask))
-    return stateless(_apply_scale_by_trust_ratio, name=call, options=options, needs_params=True,
-                     schedulable=("min_norm", "trust_coefficient", "eps"))
+    options = dict(min_norm=min_norm, trust_coefficient=trust_coefficient, eps=eps, mask=mask)
+    return stateless(_apply_scale_by_trust_ratio, name="scale_by_trust_ratio", options=options,
+                     domains=_domains(options), needs_params=True, schedulable=("min_norm", "trust_coefficient", "eps"))
 
 
 # --------------------------------------------------------------------------
@@ -170,9 +176,9 @@ def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, e
         https://arxiv.org/abs/1905.11286
     """
     call = "scale_by_novograd"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   eps=check.nonnegative(call, "eps", eps), eps_root=check.nonnegative(call, "eps_root", eps_root),
-                   decay=check.real(call, "decay", decay),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype), mask=check.mask(call, "mask", mask))
+    # (checked first: whether update needs params follows from it)
+    decay = _LAYERWISE_DOMAINS["decay"].check(call, "decay", decay, schedulable=True)
+    options = dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, decay=decay, mu_dtype=mu_dtype, mask=mask)
     return stateful(_init_scale_by_novograd, _apply_scale_by_novograd, name=call, options=options,
-                    needs_params=not _is_zero(options["decay"]), schedulable=("b1", "b2", "eps", "eps_root", "decay"))
+                    domains=_domains(options), needs_params=not _is_zero(decay),
+                    schedulable=("b1", "b2", "eps", "eps_root", "decay"))

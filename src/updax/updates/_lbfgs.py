@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import Count, Flag, Integer
 from updax._primitives import stateful
 from updax._update import Update
 
@@ -29,7 +29,7 @@ class ScaleByLbfgsState(NamedTuple):
     the memory of param differences ``s_memory``, update differences ``y_memory`` (each leaf with a leading
     axis of ``memory_size``, a ring buffer) and their weights ``rho_memory = 1/<y, s>``."""
 
-    count: jax.Array
+    count: Count
     prev_params: Any
     prev_updates: Any
     s_memory: Any
@@ -134,6 +134,11 @@ def _apply_scale_by_lbfgs(updates, state, params, *, memory_size, scale_init_pre
     return jax.tree.map(lambda d, u: d.astype(u.dtype), direction, updates), new_state
 
 
+#: The pairs kept: 3 to 20 is the usual range (Nocedal & Wright, section 7.2), optax's default 10.
+_MEMORY_SIZE = Integer(1, 1000, why=" (the state holds 2·memory_size copies of the params, and each step runs two "
+                                    "loops over them)")
+
+
 @combinator
 def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> Update:
     """Multiplies updates by the L-BFGS approximation of the inverse Hessian.
@@ -154,7 +159,8 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> Up
     the stage first, and apply the step the pipeline returns.
 
     Args:
-        memory_size: the number of pairs kept, a positive integer. Default: ``10``.
+        memory_size: the number of pairs kept, an integer in [1, 1000]; 3 to
+            20 is the usual range (Nocedal & Wright, section 7.2). Default: ``10``.
         scale_init_precond: start the recursion from ``gamma_k·I`` (else
             ``I``). Default: ``True``.
 
@@ -177,8 +183,7 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> Up
         large scale optimization", Math. Programming 45, 1989; optax's
         ``scale_by_lbfgs``.
     """
-    call = "scale_by_lbfgs"
-    options = {"memory_size": check.positive_int(call, "memory_size", memory_size),
-                   "scale_init_precond": check.flag(call, "scale_init_precond", scale_init_precond)}
-    return stateful(_init_scale_by_lbfgs, _apply_scale_by_lbfgs, name=call, options=options, needs_params=True,
+    return stateful(_init_scale_by_lbfgs, _apply_scale_by_lbfgs, name="scale_by_lbfgs",
+                    options=dict(memory_size=memory_size, scale_init_precond=scale_init_precond),
+                    domains=dict(memory_size=_MEMORY_SIZE, scale_init_precond=Flag()), needs_params=True,
                     static=("memory_size",))

@@ -13,15 +13,17 @@ next step need not compute them again: :func:`value_and_grad_from_state`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import (NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, Function, Integer, OneOf, Real, Valid,
+                            scalar_input)
 from updax._options import keywords
 from updax._primitives import stateful
 from updax._stage import ScheduledState
@@ -34,6 +36,34 @@ __all__ = ["ScaleByBacktrackingLinesearchState", "ScaleByZoomLinesearchState", "
 
 #: The keywords of ``update`` a line search reads itself.
 _OWN = ("value", "grad", "value_fn")
+
+
+def _none_or_positive(call, name, value):
+    return None if value is None else POSITIVE.check(call, name, value)
+
+
+def _none_or_non_negative(call, name, value):
+    return None if value is None else NON_NEGATIVE.check(call, name, value)
+
+
+#: Why the step counts are bounded: each step evaluates the objective (and halving a step from 1 leaves float32's
+#: range in about 150 steps).
+_STEPS_WHY = " (each step evaluates the objective; optax's searches take 15 to 30)"
+
+#: What the options both line searches have hold.
+_SHARED_DOMAINS = dict(slope_rtol=UNIT, objective=Function(optional=True))
+
+_BACKTRACKING_DOMAINS = dict(
+    _SHARED_DOMAINS, max_backtracking_steps=Integer(0, 1000, why=_STEPS_WHY),
+    decrease_factor=Real(0.0, 1.0, lo_open=True, hi_open=True), increase_factor=Real(1.0), max_learning_rate=POSITIVE,
+    atol=NON_NEGATIVE, rtol=NON_NEGATIVE, store_grad=Flag())
+
+_ZOOM_DOMAINS = dict(
+    _SHARED_DOMAINS, max_linesearch_steps=Integer(1, 1000, why=_STEPS_WHY),
+    max_learning_rate=Valid(rule=_none_or_positive, text="must be None or in (0, inf)", values=POSITIVE),
+    tol=NON_NEGATIVE, increase_factor=Real(1.0, lo_open=True), curv_rtol=NON_NEGATIVE,
+    approx_dec_rtol=Valid(rule=_none_or_non_negative, text="must be None or in [0, inf)", values=NON_NEGATIVE),
+    stepsize_precision=NON_NEGATIVE, initial_guess_strategy=OneOf(("keep", "one")))
 
 
 # --------------------------------------------------------------------------
@@ -57,28 +87,51 @@ def _line(call, updates, params, objective, extra):
                          f"value_fn=fn), or build the stage with objective=fn")
     accepted = keywords(fn)
     kwargs = {k: v for k, v in extra.items() if accepted is None or k in accepted}
-    value_and_grad = jax.value_and_grad(lambda p: fn(p, **kwargs))
+    which = "value_fn" if value_fn is not None else "objective"
+
+    def f(p):
+        return _scalar_output(call, which, fn(p, **kwargs))
+
+    value_and_grad = jax.value_and_grad(f)
     dtype = real_dtype(params)
     if (value is None) != (grad is None):
         raise ValueError(f"{call}: update got {'value' if grad is None else 'grad'}= alone; give value= and grad= "
                          "together (or neither: they are then computed from the objective)")
     if value is None:
         value, grad = value_and_grad(params)
+    value = scalar_input(call, "value", value)
     _tree.check_same_structure(call, params, grad, "params", "grad")
+
+    def point(step):
+        """``w + step·u``, in the params' dtypes."""
+        return jax.tree.map(lambda p, u: (p.astype(_tree.compute_dtype(p.dtype, u.dtype))
+                                          + step * u.astype(_tree.compute_dtype(p.dtype, u.dtype))).astype(p.dtype),
+                            params, updates)
 
     def at(step, with_grad=True):
         """``(value, grad, slope)`` at ``w + step·u``; without ``with_grad``, ``(value, grad_fn)``: the gradient
         comes from a linearisation, computed only when ``grad_fn()`` is called."""
-        point = jax.tree.map(lambda p, u: (p.astype(_tree.compute_dtype(p.dtype, u.dtype))
-                                           + step * u.astype(_tree.compute_dtype(p.dtype, u.dtype))).astype(p.dtype),
-                             params, updates)
+        x = point(step)
         if not with_grad:
-            v, linear = jax.linearize(lambda p: fn(p, **kwargs), point)
-            return jnp.asarray(v).astype(dtype), lambda: jax.linear_transpose(linear, point)(jnp.ones_like(v))[0]
-        v, g = value_and_grad(point)
+            v, linear = jax.linearize(f, x)
+            return jnp.asarray(v).astype(dtype), lambda: jax.linear_transpose(linear, x)(jnp.ones_like(v))[0]
+        v, g = value_and_grad(x)
         return jnp.asarray(v).astype(dtype), g, tree_vdot(g, updates, dtype)
 
-    return at, jnp.asarray(value).astype(dtype), grad
+    def moves(step):
+        """Whether ``w + step·u`` differs from ``w`` (where it does not, no smaller step moves the params either)."""
+        changed = [jnp.any(x != p) for x, p in zip(jax.tree.leaves(point(step)), jax.tree.leaves(params))]
+        return functools.reduce(jnp.logical_or, changed, jnp.asarray(False))
+
+    return at, moves, value.astype(dtype), grad
+
+
+def _scalar_output(call, which, value):
+    """The objective's value, refused by name unless it is a scalar (shapes are static: under ``jax.jit`` too)."""
+    if jnp.shape(value) != ():
+        raise TypeError(f"{call}: {which}(params) returned {jnp.result_type(value).name} of shape {jnp.shape(value)}; "
+                        "the objective must return a real scalar (the mean over the batch, not one value per example)")
+    return value
 
 
 def _like(tree, like):
@@ -104,10 +157,10 @@ class ScaleByBacktrackingLinesearchState(NamedTuple):
     (``grad`` None without ``store_grad``); ``num_linesearch_steps`` evaluations and the final
     ``decrease_error`` (0: sufficient decrease), for diagnostics."""
 
-    learning_rate: jax.Array
+    learning_rate: Annotated[jax.Array, NON_NEGATIVE]
     value: jax.Array
     grad: Any
-    num_linesearch_steps: jax.Array
+    num_linesearch_steps: Count
     decrease_error: jax.Array
 
 
@@ -122,7 +175,7 @@ def _init_backtracking(params, *, store_grad):
 def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope_rtol, decrease_factor,
                         increase_factor, max_learning_rate, atol, rtol, store_grad, objective, **extra):
     call = "scale_by_backtracking_linesearch"
-    at, value, grad = _line(call, updates, params, objective, extra)
+    at, _, value, grad = _line(call, updates, params, objective, extra)
     dtype = value.dtype
     slope = tree_vdot(grad, updates, dtype)
 
@@ -182,7 +235,7 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
 
     Args:
         max_backtracking_steps: the most step-size reductions per call, an
-            integer >= 0. No default.
+            integer in [0, 1000]. No default.
         slope_rtol: the fraction ``c1`` of the linear decrease required, in
             [0, 1). Default: ``0.0001``.
         decrease_factor: the factor a rejected step is multiplied by, in (0, 1).
@@ -222,18 +275,12 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
         "Numerical Optimization", 2nd ed., 2006, Algorithm 3.1; optax's
         ``scale_by_backtracking_linesearch``.
     """
-    call = "scale_by_backtracking_linesearch"
-    options = {
-        "max_backtracking_steps": check.integer(call, "max_backtracking_steps", max_backtracking_steps, 0),
-        "slope_rtol": check.real(call, "slope_rtol", slope_rtol, 0.0, 1.0, hi_open=True),
-        "decrease_factor": check.real(call, "decrease_factor", decrease_factor, 0.0, 1.0, lo_open=True, hi_open=True),
-        "increase_factor": check.real(call, "increase_factor", increase_factor, 1.0),
-        "max_learning_rate": check.positive(call, "max_learning_rate", max_learning_rate),
-        "atol": check.nonnegative(call, "atol", atol), "rtol": check.nonnegative(call, "rtol", rtol),
-        "store_grad": check.flag(call, "store_grad", store_grad),
-        "objective": None if objective is None else check.function(call, "objective", objective)}
-    return stateful(_init_backtracking, _apply_backtracking, name=call, options=options, needs_params=True,
-                    static=("max_backtracking_steps",),
+    options = dict(max_backtracking_steps=max_backtracking_steps, slope_rtol=slope_rtol,
+                   decrease_factor=decrease_factor, increase_factor=increase_factor,
+                   max_learning_rate=max_learning_rate, atol=atol, rtol=rtol, store_grad=store_grad,
+                   objective=objective)
+    return stateful(_init_backtracking, _apply_backtracking, name="scale_by_backtracking_linesearch", options=options,
+                    domains=_BACKTRACKING_DOMAINS, needs_params=True, static=("max_backtracking_steps",),
                     schedulable=("slope_rtol", "decrease_factor", "increase_factor", "max_learning_rate", "atol",
                                  "rtol"))
 
@@ -247,10 +294,10 @@ class ScaleByZoomLinesearchState(NamedTuple):
     ``num_linesearch_steps`` evaluations and the final ``decrease_error`` and ``curvature_error`` (0: the
     criterion holds), for diagnostics."""
 
-    learning_rate: jax.Array
+    learning_rate: Annotated[jax.Array, NON_NEGATIVE]
     value: jax.Array
     grad: Any
-    num_linesearch_steps: jax.Array
+    num_linesearch_steps: Count
     decrease_error: jax.Array
     curvature_error: jax.Array
 
@@ -317,7 +364,7 @@ def _init_zoom(params):
 def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_rate, tol, increase_factor, slope_rtol,
                 curv_rtol, approx_dec_rtol, stepsize_precision, initial_guess_strategy, objective, **extra):
     call = "scale_by_zoom_linesearch"
-    at, value0, grad0 = _line(call, updates, params, objective, extra)
+    at, moves, value0, grad0 = _line(call, updates, params, objective, extra)
     dtype = value0.dtype
     grad0 = _like(grad0, state.grad)
     slope0 = tree_vdot(grad0, updates, dtype)
@@ -333,7 +380,8 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
                                       value - value0 - approx_dec_rtol * jnp.abs(value0))
             decrease = jnp.minimum(approximate, decrease)
         curvature = jnp.abs(slope) - curv_rtol * jnp.abs(slope0)
-        return _not_nan(jnp.maximum(decrease, 0)), _not_nan(jnp.maximum(curvature, 0))
+        # (in the loop's dtype: a schedule's float64 value under x64 would widen them)
+        return _not_nan(jnp.maximum(decrease, 0)).astype(dtype), _not_nan(jnp.maximum(curvature, 0)).astype(dtype)
 
     def evaluate(s, step):
         value, grad, slope = at(step)
@@ -381,7 +429,14 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
         new_high = _select(high_is_new, new, _select(high_is_low, low, high))
         new_low = _select(high_is_new, low, new)
         ref = _select(high_is_new | high_is_low, (s.high, s.value_high), (s.low, s.value_low))
-        stuck = (s.count + 1 >= max_linesearch_steps) | ((width <= stepsize_precision) & (safe[0] > 0))
+        # The interval has collapsed when no step in it is left to try: it is narrower than the float resolution
+        # at its ends, or its larger end is below the smallest normal number or moves no param (nor then does any
+        # step in it). Searching on would evaluate the same points until max_linesearch_steps.
+        right = jnp.maximum(new_low[0], new_high[0])
+        info = jnp.finfo(dtype)
+        collapsed = ((jnp.abs(new_high[0] - new_low[0]) <= info.eps * right) | (right <= info.tiny)
+                     | ~moves(right))
+        stuck = (s.count + 1 >= max_linesearch_steps) | ((width <= stepsize_precision) & (safe[0] > 0)) | collapsed
         return s._replace(step=step, value=value, grad=grad, slope=slope, decrease_error=decrease,
                           curvature_error=curvature, done=done, failed=stuck & ~done, low=new_low[0],
                           value_low=new_low[1], slope_low=new_low[2], high=new_high[0], value_high=new_high[1],
@@ -431,18 +486,22 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
     approximate one, ``φ'(η) <= (2·slope_rtol - 1)·φ'(0)``, where
     ``φ(η) <= φ(0) + approx_dec_rtol·|φ(0)|``. Out of steps, it takes the best
     step with sufficient decrease seen, else the last one tried (the state's
-    ``decrease_error`` or ``curvature_error`` is then > 0). The direction
-    must descend (``φ'(0) < 0``): along one that does not, no step of a convex
-    objective has sufficient decrease, and the search shrinks towards 0 and
-    takes its last, tiny step uphill, as optax's does. Where it stops is
-    decided by rounding, so that step may differ between one device and a
-    mesh. ``update``
-    takes the objective's ``value``, ``grad`` and ``value_fn`` (see the
-    module), or the stage is built with ``objective``.
+    ``decrease_error`` or ``curvature_error`` is then > 0). It stops so too
+    once the interval has collapsed, with no step left to try: narrower than
+    the float resolution at its ends, or its larger end below the smallest
+    normal number or moving no param (then no step in it does); optax's
+    search evaluates the same point until ``max_linesearch_steps``. The
+    direction must descend (``φ'(0) < 0``): along one that does not, no step
+    of a convex objective has sufficient decrease, and the search shrinks
+    towards 0 and takes its last, tiny step uphill, as optax's does. Where it
+    stops is decided by rounding, so that step may differ between one device
+    and a mesh. ``update`` takes the objective's ``value``, ``grad`` and
+    ``value_fn`` (see the module), or the stage is built with ``objective``;
+    ``value`` and what the objective returns must be real scalars.
 
     Args:
         max_linesearch_steps: the most evaluations of the objective per call,
-            a positive integer. No default.
+            an integer in [1, 1000]. No default.
         max_learning_rate: the largest step, > 0, or None for no bound.
             Default: ``None``.
         tol: slack of both criteria, >= 0. Default: ``0.0``.
@@ -485,24 +544,12 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
         3.5 and 3.6; Hager & Zhang, "Algorithm 851: CG_DESCENT", ACM TOMS 32,
         2006 (the approximate decrease test); optax's ``scale_by_zoom_linesearch``.
     """
-    call = "scale_by_zoom_linesearch"
-    if initial_guess_strategy not in ("keep", "one"):
-        check.fail(call, "initial_guess_strategy", initial_guess_strategy, "must be 'keep' or 'one'")
-    options = {
-        "max_linesearch_steps": check.positive_int(call, "max_linesearch_steps", max_linesearch_steps),
-        "max_learning_rate": None if max_learning_rate is None else check.positive(call, "max_learning_rate",
-                                                                                max_learning_rate),
-        "tol": check.nonnegative(call, "tol", tol),
-        "increase_factor": check.real(call, "increase_factor", increase_factor, 1.0, lo_open=True),
-        "slope_rtol": check.real(call, "slope_rtol", slope_rtol, 0.0, 1.0, hi_open=True),
-        "curv_rtol": check.nonnegative(call, "curv_rtol", curv_rtol),
-        "approx_dec_rtol": None if approx_dec_rtol is None else check.nonnegative(call, "approx_dec_rtol",
-                                                                               approx_dec_rtol),
-        "stepsize_precision": check.nonnegative(call, "stepsize_precision", stepsize_precision),
-        "initial_guess_strategy": initial_guess_strategy,
-        "objective": None if objective is None else check.function(call, "objective", objective)}
-    return stateful(_init_zoom, _apply_zoom, name=call, options=options, needs_params=True,
-                    static=("max_linesearch_steps",),
+    options = dict(max_linesearch_steps=max_linesearch_steps, max_learning_rate=max_learning_rate, tol=tol,
+                   increase_factor=increase_factor, slope_rtol=slope_rtol, curv_rtol=curv_rtol,
+                   approx_dec_rtol=approx_dec_rtol, stepsize_precision=stepsize_precision,
+                   initial_guess_strategy=initial_guess_strategy, objective=objective)
+    return stateful(_init_zoom, _apply_zoom, name="scale_by_zoom_linesearch", options=options, domains=_ZOOM_DOMAINS,
+                    needs_params=True, static=("max_linesearch_steps",),
                     schedulable=("max_learning_rate", "tol", "increase_factor", "slope_rtol", "curv_rtol",
                                  "approx_dec_rtol", "stepsize_precision"))
 
@@ -565,7 +612,7 @@ def value_and_grad_from_state(value_fn: Callable[..., Any]) -> Callable[..., tup
     References:
         optax's ``value_and_grad_from_state``.
     """
-    check.function("value_and_grad_from_state", "value_fn", value_fn)
+    Function().check("value_and_grad_from_state", "value_fn", value_fn)
 
     def value_and_grad(params, *args, state, **kwargs):
         found = [s for s in _found(state) if s.grad is not None]

@@ -12,14 +12,16 @@ get the real params, not a template.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, Integer,
+                            NonNegativeField, OneOf, Pipeline, Valid, scalar_input)
+from updax._masks import Mask, leaf_mask
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -39,7 +41,6 @@ from updax.updates._kernels import (
     sub,
     where,
 )
-from updax._masks import leaf_mask
 
 # --------------------------------------------------------------------------
 # States
@@ -51,12 +52,12 @@ class ScaleByProdigyState(NamedTuple):
     sum ``numerator`` of its numerator, steps taken ``count``."""
 
     mu: Any
-    nu: Any
+    nu: NonNegativeField
     grad_sum: Any
     init_params: Any
-    estim_lr: jax.Array
+    estim_lr: Annotated[jax.Array, POSITIVE]
     numerator: jax.Array
-    count: jax.Array
+    count: Count
 
 
 class ScaleByDadaptAdamwState(NamedTuple):
@@ -64,11 +65,11 @@ class ScaleByDadaptAdamwState(NamedTuple):
     ``estim_lr`` (the ``d`` of the paper), the weighted sum ``numerator`` of its numerator, steps taken ``count``."""
 
     mu: Any
-    nu: Any
+    nu: NonNegativeField
     grad_sum: Any
-    estim_lr: jax.Array
+    estim_lr: Annotated[jax.Array, POSITIVE]
     numerator: jax.Array
-    count: jax.Array
+    count: Count
 
 
 class ScaleByDogState(NamedTuple):
@@ -76,9 +77,9 @@ class ScaleByDogState(NamedTuple):
     squared update norms ``sum_sq_norm_grads``, steps taken ``count``."""
 
     init_params: Any
-    max_dist: jax.Array
-    sum_sq_norm_grads: jax.Array
-    count: jax.Array
+    max_dist: NonNegativeField
+    sum_sq_norm_grads: NonNegativeField
+    count: Count
 
 
 class ScaleByDowgState(NamedTuple):
@@ -86,8 +87,8 @@ class ScaleByDowgState(NamedTuple):
     sum of the squared update norms weighted by it ``weighted_sq_norm_grads``."""
 
     init_params: Any
-    estim_sq_dist: jax.Array
-    weighted_sq_norm_grads: jax.Array
+    estim_sq_dist: NonNegativeField
+    weighted_sq_norm_grads: NonNegativeField
 
 
 class ScaleByCocobState(NamedTuple):
@@ -96,9 +97,9 @@ class ScaleByCocobState(NamedTuple):
 
     init_params: Any
     sum_grads: Any
-    max_abs_grad: Any
-    sum_abs_grads: Any
-    reward: Any
+    max_abs_grad: NonNegativeField
+    sum_abs_grads: NonNegativeField
+    reward: NonNegativeField
 
 
 class MechanizeState(NamedTuple):
@@ -108,11 +109,11 @@ class MechanizeState(NamedTuple):
 
     inner: tuple
     init_params: Any
-    s: jax.Array
+    s: NonNegativeField
     r: jax.Array
-    m: jax.Array
-    v: jax.Array
-    count: jax.Array
+    m: NonNegativeField
+    v: NonNegativeField
+    count: Count
 
 
 # --------------------------------------------------------------------------
@@ -155,6 +156,21 @@ def _distance_sq(call, params, init_params, dtype):
     """``‖params - init_params‖²``, in ``dtype``."""
     _, leaves = _tree.side_by_side(call, (params, init_params), ("params", "state.init_params"))
     return _total([jnp.sum(abs_sq(p.astype(x0.dtype) - x0)) for p, x0 in leaves], dtype)
+
+
+def _optional_unit(call, name, value):
+    return None if value is None else UNIT.check(call, name, value)
+
+
+def _optional_positive(call, name, value):
+    return None if value is None else POSITIVE.check(call, name, value)
+
+
+#: What the options of the distance-estimating Adam stages (Prodigy, D-Adaptation) hold.
+_DISTANCE_DOMAINS = dict(learning_rate=LEARNING_RATE, b1=UNIT, b2=UNIT,
+                         b3=Valid(rule=_optional_unit, text="must be None or in [0, 1)", values=UNIT),
+                         eps=NON_NEGATIVE, estim_lr0=POSITIVE, estim_lr_coef=NON_NEGATIVE, decay=NON_NEGATIVE,
+                         safeguard_warmup=Flag(), mask=Mask())
 
 
 def _needs_loss(call, loss):
@@ -281,16 +297,10 @@ def scale_by_prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule
         Mishchenko & Defazio, "Prodigy: An Expeditiously Adaptive
         Parameter-Free Learner", ICML 2024. https://arxiv.org/abs/2306.06101
     """
-    call = "scale_by_prodigy"
-    options = {"learning_rate": check.nonnegative(call, "learning_rate", learning_rate),
-               "b1": check.unit(call, "b1", b1), "b2": check.unit(call, "b2", b2),
-               "b3": None if b3 is None else check.unit(call, "b3", b3), "eps": check.nonnegative(call, "eps", eps),
-               "estim_lr0": check.number(call, "estim_lr0", estim_lr0, 0.0, lo_open=True),
-               "estim_lr_coef": check.nonnegative(call, "estim_lr_coef", estim_lr_coef),
-               "decay": check.nonnegative(call, "decay", decay),
-               "safeguard_warmup": check.flag(call, "safeguard_warmup", safeguard_warmup),
-               "mask": check.mask(call, "mask", mask)}
-    return stateful(_init_scale_by_prodigy, _apply_scale_by_prodigy, name=call, options=options, needs_params=True,
+    options = dict(learning_rate=learning_rate, b1=b1, b2=b2, b3=b3, eps=eps, estim_lr0=estim_lr0,
+                   estim_lr_coef=estim_lr_coef, decay=decay, safeguard_warmup=safeguard_warmup, mask=mask)
+    return stateful(_init_scale_by_prodigy, _apply_scale_by_prodigy, name="scale_by_prodigy", options=options,
+                    domains={k: _DISTANCE_DOMAINS[k] for k in options}, needs_params=True,
                     schedulable=("learning_rate", "b1", "b2", "b3", "eps", "estim_lr_coef", "decay"))
 
 
@@ -405,14 +415,10 @@ def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSch
         Defazio & Mishchenko, "Learning-Rate-Free Learning by D-Adaptation",
         ICML 2023. https://arxiv.org/abs/2301.07733
     """
-    call = "scale_by_dadapt_adamw"
-    options = {"learning_rate": check.nonnegative(call, "learning_rate", learning_rate),
-               "b1": check.unit(call, "b1", b1), "b2": check.unit(call, "b2", b2),
-               "eps": check.nonnegative(call, "eps", eps),
-               "estim_lr0": check.number(call, "estim_lr0", estim_lr0, 0.0, lo_open=True),
-               "decay": check.nonnegative(call, "decay", decay), "mask": check.mask(call, "mask", mask)}
-    return stateful(_init_scale_by_dadapt_adamw, _apply_scale_by_dadapt_adamw, name=call, options=options,
-                    needs_params=True, schedulable=("learning_rate", "b1", "b2", "eps", "decay"), state_last=("nu",))
+    options = dict(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, estim_lr0=estim_lr0, decay=decay, mask=mask)
+    return stateful(_init_scale_by_dadapt_adamw, _apply_scale_by_dadapt_adamw, name="scale_by_dadapt_adamw",
+                    options=options, domains={k: _DISTANCE_DOMAINS[k] for k in options}, needs_params=True,
+                    schedulable=("learning_rate", "b1", "b2", "eps", "decay"), state_last=("nu",))
 
 
 # --------------------------------------------------------------------------
@@ -485,13 +491,10 @@ def scale_by_dog(init_step: float = 1e-6, init_step_type: str = "heuristic", eps
         Ivgi, Hinder & Carmon, "DoG is SGD's Best Friend: A Parameter-Free
         Dynamic Step Size Schedule", ICML 2023. https://arxiv.org/abs/2302.12022
     """
-    call = "scale_by_dog"
-    if init_step_type not in _DOG_INIT_STEPS:
-        check.fail(call, "init_step_type", init_step_type, f"must be one of {', '.join(map(repr, _DOG_INIT_STEPS))}")
-    options = {"init_step": check.number(call, "init_step", init_step, 0.0, lo_open=True),
-               "init_step_type": init_step_type, "eps": check.nonnegative(call, "eps", eps)}
-    return stateful(_init_scale_by_dog, _apply_scale_by_dog, name=call, options=options, needs_params=True,
-                    schedulable=("eps",))
+    return stateful(_init_scale_by_dog, _apply_scale_by_dog, name="scale_by_dog",
+                    options=dict(init_step=init_step, init_step_type=init_step_type, eps=eps),
+                    domains=dict(init_step=POSITIVE, init_step_type=OneOf(_DOG_INIT_STEPS), eps=NON_NEGATIVE),
+                    needs_params=True, schedulable=("eps",))
 
 
 def _init_scale_by_dowg(params, *, init_estim_sq_dist, eps):
@@ -548,12 +551,11 @@ def scale_by_dowg(init_estim_sq_dist: float | None = None, eps: ScalarOrSchedule
         Parameter-Free Gradient Descent Method", NeurIPS 2023.
         https://arxiv.org/abs/2305.16284
     """
-    call = "scale_by_dowg"
-    options = {"init_estim_sq_dist": None if init_estim_sq_dist is None else
-               check.number(call, "init_estim_sq_dist", init_estim_sq_dist, 0.0, lo_open=True),
-               "eps": check.positive(call, "eps", eps)}
-    return stateful(_init_scale_by_dowg, _apply_scale_by_dowg, name=call, options=options, needs_params=True,
-                    schedulable=("eps",))
+    domains = dict(init_estim_sq_dist=Valid(rule=_optional_positive, text="must be None or in (0, inf)",
+                                            values=POSITIVE), eps=POSITIVE)
+    return stateful(_init_scale_by_dowg, _apply_scale_by_dowg, name="scale_by_dowg",
+                    options=dict(init_estim_sq_dist=init_estim_sq_dist, eps=eps), domains=domains,
+                    needs_params=True, schedulable=("eps",))
 
 
 # --------------------------------------------------------------------------
@@ -633,11 +635,9 @@ def scale_by_cocob(alpha: ScalarOrSchedule = 100.0, eps: float = 1e-8) -> Update
         Through Coin Betting", NeurIPS 2017, Algorithm 2.
         https://arxiv.org/abs/1705.07795
     """
-    call = "scale_by_cocob"
-    options = {"alpha": check.positive(call, "alpha", alpha),
-               "eps": check.number(call, "eps", eps, 0.0, lo_open=True)}
-    return stateful(_init_scale_by_cocob, _apply_scale_by_cocob, name=call, options=options, needs_params=True,
-                    schedulable=("alpha",))
+    return stateful(_init_scale_by_cocob, _apply_scale_by_cocob, name="scale_by_cocob",
+                    options=dict(alpha=alpha, eps=eps), domains=dict(alpha=POSITIVE, eps=POSITIVE),
+                    needs_params=True, schedulable=("alpha",))
 
 
 # --------------------------------------------------------------------------
@@ -649,8 +649,9 @@ _POLYAK_VARIANTS = ("sps", "sps+")
 def _apply_scale_by_polyak(updates, params, *, f_min, max_learning_rate, eps, variant, loss=None):
     call = "scale_by_polyak"
     _needs_loss(call, loss)
+    loss = scalar_input(call, "loss", loss)  # (a loss per example would scale each coordinate by its own step)
     dtype = _scalar_dtype(updates)
-    gap = jnp.asarray(loss).astype(dtype) - f_min
+    gap = loss.astype(dtype) - f_min
     if variant == "sps+":
         gap = jnp.maximum(gap, 0)
     denominator = _sq_norm(updates, dtype) + eps
@@ -664,8 +665,9 @@ def scale_by_polyak(f_min: ScalarOrSchedule = 0.0, max_learning_rate: ScalarOrSc
     """Scales updates by Polyak's step size, from the loss and its lower bound.
 
     Pass the loss to every call: ``opt.update(grads, state, params,
-    loss=loss)`` (optax's keyword is ``value=``). Update rule, with ``f`` the
-    loss and the norm global over all leaves::
+    loss=loss)`` (optax's keyword is ``value=``), a real scalar (a loss per
+    example is refused: it would give each coordinate a step of its own).
+    Update rule, with ``f`` the loss and the norm global over all leaves::
 
         u = min((f - f_min) / (‖g‖² + eps), max_learning_rate) · g
 
@@ -695,13 +697,9 @@ def scale_by_polyak(f_min: ScalarOrSchedule = 0.0, max_learning_rate: ScalarOrSc
         Learning Rate for Fast Convergence", AISTATS 2021.
         https://arxiv.org/abs/2002.10542
     """
-    call = "scale_by_polyak"
-    if variant not in _POLYAK_VARIANTS:
-        check.fail(call, "variant", variant, f"must be one of {', '.join(map(repr, _POLYAK_VARIANTS))}")
-    options = {"f_min": check.real(call, "f_min", f_min),
-               "max_learning_rate": check.positive(call, "max_learning_rate", max_learning_rate),
-               "eps": check.nonnegative(call, "eps", eps), "variant": variant}
-    return stateless(_apply_scale_by_polyak, name=call, options=options,
+    options = dict(f_min=f_min, max_learning_rate=max_learning_rate, eps=eps, variant=variant)
+    domains = dict(f_min=ANY_REAL, max_learning_rate=POSITIVE, eps=NON_NEGATIVE, variant=OneOf(_POLYAK_VARIANTS))
+    return stateless(_apply_scale_by_polyak, name="scale_by_polyak", options=options, domains=domains,
                      schedulable=("f_min", "max_learning_rate", "eps"))
 
 
@@ -748,8 +746,14 @@ def _apply_mechanize(updates, state, params, *, inner, decay, eps, s_init, num_b
     scale = jnp.sum(s)
     out = [(o - scale * d - p.astype(o.dtype)).astype(g.dtype) for (g, _, p, _), o, d in zip(leaves, origins, deltas)]
     init_params = [o.astype(x0.dtype) for (*_, x0), o in zip(leaves, origins)]
+    # (in the state's dtype: a schedule's float64 value under x64 would widen them)
+    s, r, m, v = (x.astype(dtype) for x in (s, r, m, v))
     return treedef.unflatten(out), MechanizeState(inner=inner_state, init_params=treedef.unflatten(init_params),
                                                   s=s, r=r, m=m, v=v, count=_tree.safe_increment(state.count))
+
+
+#: The number of Mechanic's decays ``β_i = 1 - 10^-i``: 6 in the paper and optax.
+_NUM_BETAS = Integer(1, 16, why=" (the decays 1 - 10^-i round to 1 beyond i = 16 in float64)")
 
 
 @combinator(wraps=True)
@@ -775,7 +779,8 @@ def mechanize(inner: Update, decay: ScalarOrSchedule = 1e-2, eps: ScalarOrSchedu
             Default: ``0.01``.
         eps: added to denominators, > 0. Default: ``1e-08``.
         s_init: the initial total scale, > 0. Default: ``1e-06``.
-        num_betas: the number ``n`` of decays, an integer >= 1. Default: ``6``.
+        num_betas: the number ``n`` of decays, an integer in [1, 16] (beyond
+            16 the decays are 1 in float64). Default: ``6``.
 
     Returns:
         An update object with state ``MechanizeState(inner, init_params, s, r,
@@ -794,9 +799,7 @@ def mechanize(inner: Update, decay: ScalarOrSchedule = 1e-2, eps: ScalarOrSchedu
         Cutkosky, Defazio & Mehta, "Mechanic: A Learning Rate Tuner", NeurIPS
         2023. https://arxiv.org/abs/2306.00144
     """
-    call = "mechanize"
-    options = {"inner": inner, "decay": check.nonnegative(call, "decay", decay), "eps": check.positive(call, "eps", eps),
-               "s_init": check.number(call, "s_init", s_init, 0.0, lo_open=True),
-               "num_betas": check.integer(call, "num_betas", num_betas, 1)}
-    return stateful(_init_mechanize, _apply_mechanize, name=call, options=options, wraps="inner", needs_params=True,
-                    static=("num_betas",), schedulable=("decay", "eps"))
+    options = dict(inner=inner, decay=decay, eps=eps, s_init=s_init, num_betas=num_betas)
+    domains = dict(inner=Pipeline(), decay=NON_NEGATIVE, eps=POSITIVE, s_init=POSITIVE, num_betas=_NUM_BETAS)
+    return stateful(_init_mechanize, _apply_mechanize, name="mechanize", options=options, domains=domains,
+                    wraps="inner", needs_params=True, static=("num_betas",), schedulable=("decay", "eps"))

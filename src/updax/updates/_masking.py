@@ -79,7 +79,7 @@ def partition(transforms: dict[str, Update], labels: PyTree | Callable[[PyTree],
         labels: a pytree of labels shaped like the params (or a prefix of
             it), or a function of the params returning one (an Equinox module
             is a pytree, not a function), computed from the params' structure
-            and shapes (see :mod:`updax._masks`). No default.
+            and shapes (see docs/errors.md, "Masks and labels"). No default.
 
     Returns:
         An update object with state ``PartitionState(inner)``.
@@ -131,7 +131,7 @@ def masked(inner: Update, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
     Args:
         mask: a pytree of bools shaped like the params (or a prefix of it),
             or a function of the params returning one, computed from their
-            structure and shapes (see :mod:`updax._masks`). No default.
+            structure and shapes (see docs/errors.md, "Masks and labels"). No default.
 
     Returns:
         An update object with state ``MaskedState(inner)`` (state only for

@@ -8,19 +8,43 @@ state and checkpoint with the rest of the optimizer.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import ANY_REAL, Count, Flag, FloatDtype, Integer, Real, Valid, fail
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import blend, complement, filled, moment, warmed_up
+
+
+def _init_value(call, name, value):
+    """ema's ``init``: a finite number (complex, for complex values) or a tree of arrays shaped like the values
+    (checked against them at ``init``)."""
+    number = _tree.is_scalar(value) or isinstance(value, complex)
+    if not (number or jax.tree.leaves(value)):
+        fail(call, name, value, "must be a number or a tree of arrays", TypeError)
+    if number and not jnp.iscomplexobj(value):
+        return ANY_REAL.check(call, name, value)
+    if number and not np.isfinite(complex(value)):
+        fail(call, name, value, "must be finite", ValueError)
+    return value
+
+
+#: What the options of the moving averages hold.
+_AVERAGE_DOMAINS = dict(
+    decay=Real(0.0, 1.0), debias=Flag(), init=Valid(rule=_init_value, text="must be a number or a tree of arrays"),
+    decay_min=Flag(), keep_previous=Flag(), accumulator_dtype=FloatDtype(),
+    window=Integer(1, 100_000, why=" (the state holds window copies of the values, and each step sums them)"))
+
+
+def _domains(options):
+    return {k: _AVERAGE_DOMAINS[k] for k in options}
 
 
 # --------------------------------------------------------------------------
@@ -30,8 +54,8 @@ from updax.updates._kernels import blend, complement, filled, moment, warmed_up
 class EmaState(NamedTuple):
     """The observation count, their total weight ``1 - Π decays``, the average, and the one before."""
 
-    count: jax.Array
-    total_weight: jax.Array
+    count: Count
+    total_weight: Annotated[jax.Array, Real(0.0, 1.0)]
     ema: Any
     previous: Any
 
@@ -112,19 +136,10 @@ def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, dec
         Kingma & Ba, "Adam", ICLR 2015 (zero-debias); tf.train.ExponentialMovingAverage
         (``num_updates`` warm-up); optax.ema.
     """
-    call = "ema"
-    number = _tree.is_scalar(init) or isinstance(init, complex)
-    if not (number or jax.tree.leaves(init)):
-        check.fail(call, "init", init, "must be a number or a tree of arrays", TypeError)
-    if number and not jnp.iscomplexobj(init):
-        init = check.number(call, "init", init)
-    elif number and not np.isfinite(complex(init)):  # a complex number, for complex values (checked at init)
-        check.fail(call, "init", init, "must be finite", ValueError)
-    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0), debias=check.flag(call, "debias", debias),
-                   init=init, decay_min=check.flag(call, "decay_min", decay_min),
-                   keep_previous=check.flag(call, "keep_previous", keep_previous),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_ema, _apply_ema, name=call, options=options, schedulable=("decay",))
+    options = dict(decay=decay, debias=debias, init=init, decay_min=decay_min, keep_previous=keep_previous,
+                   accumulator_dtype=accumulator_dtype)
+    return stateful(_init_ema, _apply_ema, name="ema", options=options, domains=_domains(options),
+                    schedulable=("decay",))
 
 
 # --------------------------------------------------------------------------
@@ -138,7 +153,7 @@ class SmaState(NamedTuple):
     so the slot it points to in the ring buffer keeps advancing.
     """
 
-    count: jax.Array
+    count: Count
     window_values: Any
 
 
@@ -174,7 +189,8 @@ def sma(window: int, *, accumulator_dtype: DType = None) -> Update:
     window)``, so before the window fills it is the mean of what has been seen.
 
     Args:
-        window: the number of values averaged, an integer >= 1. No default.
+        window: the number of values averaged, an integer in [1, 100000]
+            (the state holds ``window`` copies of the values). No default.
         accumulator_dtype: storage dtype of the window; None keeps the values'
             dtype but at least float32. Default: ``None``.
 
@@ -199,9 +215,8 @@ def sma(window: int, *, accumulator_dtype: DType = None) -> Update:
         moving-average system of Oppenheim & Schafer, "Discrete-Time Signal
         Processing", 3rd ed., 2010, chapter 2.
     """
-    options = dict(window=check.positive_int("sma", "window", window),
-                   accumulator_dtype=check.float_dtype("sma", "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_sma, _apply_sma, name="sma", options=options, static=("window",))
+    options = dict(window=window, accumulator_dtype=accumulator_dtype)
+    return stateful(_init_sma, _apply_sma, name="sma", options=options, domains=_domains(options), static=("window",))
 
 
 # --------------------------------------------------------------------------
@@ -282,8 +297,6 @@ def weighted_moving_average(decay: ScalarOrSchedule, *, accumulator_dtype: DType
         The weighted moving average of Keras/TensorFlow metrics (a mean
         weighted by sample weights), with exponential forgetting.
     """
-    call = "weighted_moving_average"
-    options = dict(decay=check.real(call, "decay", decay, 0.0, 1.0),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_weighted_moving_average, _apply_weighted_moving_average, name=call, options=options,
-                    schedulable=("decay",))
+    options = dict(decay=decay, accumulator_dtype=accumulator_dtype)
+    return stateful(_init_weighted_moving_average, _apply_weighted_moving_average, name="weighted_moving_average",
+                    options=options, domains=_domains(options), schedulable=("decay",))

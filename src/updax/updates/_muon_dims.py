@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax import _validate as check
+from updax._domains import Valid, fail
 
 
 class MuonDimensionNumbers(NamedTuple):
@@ -54,7 +54,7 @@ def _is_function(value: Any) -> bool:
 
 def _axes(call: str, name: str, where: str, value: Any, side: str) -> int | tuple[int, ...]:
     def bad(what):
-        check.fail(call, name, value, f"must hold integer axes: at {where or 'the root'} {side} {what}", TypeError)
+        fail(call, name, value, f"must hold integer axes: at {where or 'the root'} {side} {what}", TypeError)
 
     axes = value if isinstance(value, (tuple, list)) else (value,)
     if not axes:
@@ -63,7 +63,7 @@ def _axes(call: str, name: str, where: str, value: Any, side: str) -> int | tupl
         if isinstance(axis, bool) or not isinstance(axis, (numbers.Integral, np.integer)):
             bad(f"has {axis!r}")
     if len({int(a) for a in axes}) != len(axes):
-        check.fail(call, name, value, f"names an axis twice: at {where or 'the root'} {side} is {value!r}")
+        fail(call, name, value, f"names an axis twice: at {where or 'the root'} {side} is {value!r}")
     return tuple(int(a) for a in axes) if isinstance(value, (tuple, list)) else int(value)
 
 
@@ -78,17 +78,25 @@ def dimension_numbers(call: str, value: Any, name: str = "weight_dimension_numbe
         if spec is None:
             return None
         if not isinstance(spec, MuonDimensionNumbers):
-            check.fail(call, name, value, f"must be a pytree of MuonDimensionNumbers or None, or a function of the "
-                       f"params returning one; at {where or 'the root'} it has {type(spec).__name__} {spec!r}",
-                       TypeError)
+            fail(call, name, value, f"must be a pytree of MuonDimensionNumbers or None, or a function of the "
+                 f"params returning one; at {where or 'the root'} it has {type(spec).__name__} {spec!r}", TypeError)
         rows = _axes(call, name, where, spec.reduction_axis, "reduction_axis")
         cols = _axes(call, name, where, spec.output_axis, "output_axis")
         if set(np.atleast_1d(rows).tolist()) & set(np.atleast_1d(cols).tolist()):
-            check.fail(call, name, value, f"must name different axes on each side: at {where or 'the root'} it is "
-                       f"{spec!r}")
+            fail(call, name, value, f"must name different axes on each side: at {where or 'the root'} it is "
+                 f"{spec!r}")
         return MuonDimensionNumbers(rows, cols)
 
     return jax.tree_util.tree_map_with_path(normalise, value, is_leaf=is_spec)
+
+
+def _dimension_numbers_rule(call: str, name: str, value: Any) -> Any:
+    return dimension_numbers(call, value, name)
+
+
+#: The domain of a ``weight_dimension_numbers`` option: :func:`dimension_numbers`' rule.
+DIMENSION_NUMBERS = Valid(rule=_dimension_numbers_rule, text="must be a pytree of MuonDimensionNumbers or None, or a "
+                          "function of the params returning one")
 
 
 #: A leaf's matrix: (batch axes, reduction axes, output axes), each a tuple of non-negative axes.

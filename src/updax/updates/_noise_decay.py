@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import ANY_REAL, NON_NEGATIVE, Count, Valid, fail
+from updax._masks import Mask
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -70,16 +71,15 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
         2019. https://arxiv.org/abs/1711.05101
     """
-    call = "add_decayed_weights"
-    options = dict(decay=check.real(call, "decay", decay), mask=check.mask(call, "mask", mask))
-    return stateless(_apply_add_decayed_weights, elementwise=True, name=call, options=options, needs_params=True,
-                     schedulable=("decay",))
+    return stateless(_apply_add_decayed_weights, elementwise=True, name="add_decayed_weights",
+                     options=dict(decay=decay, mask=mask), domains=dict(decay=ANY_REAL, mask=Mask(optional=True)),
+                     needs_params=True, schedulable=("decay",))
 
 
 class AddNoiseState(NamedTuple):
     """Steps taken and the raw PRNG key data for the next draw."""
 
-    count: jax.Array
+    count: Count
     key: jax.Array
 
 
@@ -98,29 +98,31 @@ def _init_add_noise(params, *, key):
 def _apply_add_noise(updates, state, params, *, eta, gamma):
     count = _tree.safe_increment(state.count)
     std = jnp.sqrt(eta / count.astype(jnp.float32) ** gamma)
-    leaves, treedef = jax.tree.flatten(updates)
-    keys = jax.random.split(jax.random.wrap_key_data(state.key), len(leaves) + 1)
+    # A leaf's key is that of its position in the whole tree, None leaves counted: inside partition (or masked)
+    # a group's leaves come with the others' as None, and draw what they draw in the whole tree, not the noise
+    # of another group's leaves. Without None leaves, leaf i draws from key i + 1 of the split, as it always did.
+    positions, treedef = jax.tree.flatten(updates, is_leaf=lambda x: x is None)
+    keys = jax.random.split(jax.random.wrap_key_data(state.key), len(positions) + 1)
 
     def leaf(g, key):
         c = _tree.compute_dtype(g.dtype)
         return (g.astype(c) + std * jax.random.normal(key, g.shape, c)).astype(g.dtype)
 
-    noisy = treedef.unflatten([leaf(g, k) for g, k in zip(leaves, keys[1:])])
+    noisy = treedef.unflatten([None if g is None else leaf(g, k) for g, k in zip(positions, keys[1:])])
     return noisy, AddNoiseState(count=count, key=jax.random.key_data(keys[0]))
 
 
 _SEEDS = 2**32  # jax.random.key folds a seed into 32 bits: -1 and 2**32 - 1 would be the same key
 
 
-def _check_key(call, key):
+def _key_option(call, name, key):
     """An int seed in [0, 2**32), a 0-d integer array in that range, a typed PRNG key, or raw key data."""
-    what = ("must be an int seed in [0, 2**32), a PRNG key (jax.random.key) or its raw data "
-            "(jax.random.key_data)")
+    wraps = f"{_KEY.text}; seeds outside it wrap onto other seeds' keys"
     if isinstance(key, bool):
-        raise TypeError(f"{call}(key={key!r}): key {what}")
+        fail(call, name, key, _KEY.text, TypeError)
     if isinstance(key, numbers.Integral):
         if not 0 <= key < _SEEDS:
-            raise ValueError(f"{call}(key={key!r}): key {what}; seeds outside it wrap onto other seeds' keys")
+            fail(call, name, key, wraps)
         return int(key)
     if isinstance(key, (jax.Array, np.ndarray)):
         if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 0:
@@ -130,9 +132,14 @@ def _check_key(call, key):
             return key
         if key.ndim == 0 and jnp.issubdtype(key.dtype, jnp.integer):
             if not isinstance(key, jax.core.Tracer) and not 0 <= int(key) < _SEEDS:
-                raise ValueError(f"{call}(key={key!r}): key {what}; seeds outside it wrap onto other seeds' keys")
+                fail(call, name, key, wraps)
             return key
-    raise TypeError(f"{call}(key={key!r}): key {what}")
+    fail(call, name, key, _KEY.text, TypeError)
+
+
+#: What a ``key`` option holds (add_noise's; differentially_private_aggregate's too).
+_KEY = Valid(rule=_key_option, text="must be an int seed in [0, 2**32), a PRNG key (jax.random.key) or its raw data "
+                                    "(jax.random.key_data)")
 
 
 @combinator
@@ -143,6 +150,11 @@ def add_noise(eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55, key:
     deviation and seeds from the clock)::
 
         u ← u + N(0, σt²),   σt² = eta / (1 + t)^gamma,  t = 0, 1, ...
+
+    Each leaf draws from the key of its position in the whole tree, None
+    leaves counted, so inside :func:`partition` or :func:`masked` (which
+    hand a group its leaves with the others' as None) a leaf gets the noise
+    it gets outside them, and two groups with one key draw different noise.
 
     Args:
         eta: the initial variance, >= 0. Default: ``0.01``.
@@ -168,6 +180,5 @@ def add_noise(eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55, key:
         Neelakantan et al., "Adding Gradient Noise Improves Learning for Very
         Deep Networks", 2015. https://arxiv.org/abs/1511.06807
     """
-    options = dict(eta=check.nonnegative("add_noise", "eta", eta), gamma=check.nonnegative("add_noise", "gamma", gamma),
-                   key=_check_key("add_noise", key))
-    return stateful(_init_add_noise, _apply_add_noise, name="add_noise", options=options, schedulable=("eta", "gamma"))
+    return stateful(_init_add_noise, _apply_add_noise, name="add_noise", options=dict(eta=eta, gamma=gamma, key=key),
+                    domains=dict(eta=NON_NEGATIVE, gamma=NON_NEGATIVE, key=_KEY), schedulable=("eta", "gamma"))

@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, Integer, Valid, fail
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import abs_sq, moment, real_only, safe_sqrt, scaled
-from updax.updates._muon_dims import dimension_numbers, fans, leaf_axes, on_matrices
+from updax.updates._muon_dims import DIMENSION_NUMBERS, fans, leaf_axes, on_matrices
 
 # The quintic Newton–Schulz coefficients of Muon (Jordan et al., 2024).
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -29,22 +29,35 @@ class ScaleByMuonState(NamedTuple):
     """The momentum ``mu`` and the steps taken ``count``."""
 
     mu: Any
-    count: jax.Array
+    count: Count
 
 
-def _check_ns_coeffs(call, value):
+_NS_COEFFS_TEXT = "must be a tuple of three finite real numbers"
+
+
+def _ns_coeffs(call, name, value):
+    """Three finite real numbers, stored as a tuple."""
     if not isinstance(value, (tuple, list)) or len(value) != 3:
-        raise TypeError(f"{call}(ns_coeffs={value!r}): ns_coeffs must be a tuple of three real numbers")
-    return tuple(check.number(call, "ns_coeffs", k) for k in value)
+        fail(call, name, value, _NS_COEFFS_TEXT, TypeError)
+    try:
+        return tuple(ANY_REAL.check(call, name, k) for k in value)
+    except (TypeError, ValueError) as error:  # (named with the whole tuple, not the one number)
+        fail(call, name, tuple(value), _NS_COEFFS_TEXT, type(error))
 
 
 #: Newton-Schulz iterations are unrolled into the compiled step, so their number is bounded (5 is usual).
 MAX_NS_STEPS = 100
 
+#: What the options of the orthogonalising stages hold.
+_MUON_DOMAINS = dict(
+    ns_coeffs=Valid(rule=_ns_coeffs, text=_NS_COEFFS_TEXT, values=ANY_REAL),
+    ns_steps=Integer(1, MAX_NS_STEPS, why=" (each iteration is unrolled into the compiled step)"),
+    beta=UNIT, eps=NON_NEGATIVE, nesterov=Flag(), mu_dtype=FloatDtype(), adaptive=Flag(late=True),
+    weight_dimension_numbers=DIMENSION_NUMBERS)
 
-def _check_ns_steps(call, ns_steps):
-    return check.integer(call, "ns_steps", ns_steps, 1, MAX_NS_STEPS, " (each iteration is unrolled into the "
-                         "compiled step)")
+
+def _domains(options):
+    return {k: _MUON_DOMAINS[k] for k in options}
 
 
 def _newton_schulz(x, ns_coeffs, ns_steps, eps):
@@ -104,8 +117,8 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
     few steps, which is what Muon needs.
 
     Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``.
-            Default: ``(3.4445, -4.7750, 2.0315)``.
+        ns_coeffs: the quintic's coefficients ``(a, b, c)``, three finite
+            real numbers. Default: ``(3.4445, -4.7750, 2.0315)``.
         ns_steps: the number of iterations, an integer in [1, 100] (each is
             unrolled into the compiled step). Default: ``5``.
         eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
@@ -138,13 +151,10 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
         Jordan et al., "Muon: An optimizer for hidden layers in neural
         networks", 2024. https://kellerjordan.github.io/posts/muon/
     """
-    call = "scale_by_newton_schulz"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
-                   eps=check.nonnegative(call, "eps", eps),
-                   weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers))
+    options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, eps=eps, weight_dimension_numbers=weight_dimension_numbers)
     # The number of iterations unrolls into the compiled step, and the axes shape it: structure, not data.
-    return stateless(_apply_scale_by_newton_schulz, name=call, options=options,
-                     static=("ns_steps", "weight_dimension_numbers"), schedulable=("eps",))
+    return stateless(_apply_scale_by_newton_schulz, name="scale_by_newton_schulz", options=options,
+                     domains=_domains(options), static=("ns_steps", "weight_dimension_numbers"), schedulable=("eps",))
 
 
 # --------------------------------------------------------------------------
@@ -212,8 +222,8 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
     their steps (they agree on leaves with two axes).
 
     Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``.
-            Default: ``(3.4445, -4.7750, 2.0315)``.
+        ns_coeffs: the quintic's coefficients ``(a, b, c)``, three finite
+            real numbers. Default: ``(3.4445, -4.7750, 2.0315)``.
         ns_steps: the number of iterations, an integer in [1, 100] (each is
             unrolled into the compiled step). Default: ``5``.
         beta: decay of the momentum, in [0, 1). Default: ``0.95``.
@@ -250,15 +260,11 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
         Bernstein & Newhouse, "Old Optimizer, New Norm: An Anthology", 2024.
         https://arxiv.org/abs/2409.20325
     """
-    call = "scale_by_muon"
-    options = dict(ns_coeffs=_check_ns_coeffs(call, ns_coeffs), ns_steps=_check_ns_steps(call, ns_steps),
-                   beta=check.unit(call, "beta", beta), eps=check.nonnegative(call, "eps", eps),
-                   nesterov=check.flag(call, "nesterov", nesterov),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   adaptive=check.late_flag(call, "adaptive", adaptive),
-                   weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers))
-    return stateful(_init_scale_by_muon, _apply_scale_by_muon, name=call, options=options,
-                    static=("ns_steps", "weight_dimension_numbers"), schedulable=("beta", "eps"))
+    options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov, mu_dtype=mu_dtype,
+                   adaptive=adaptive, weight_dimension_numbers=weight_dimension_numbers)
+    return stateful(_init_scale_by_muon, _apply_scale_by_muon, name="scale_by_muon", options=options,
+                    domains=_domains(options), static=("ns_steps", "weight_dimension_numbers"),
+                    schedulable=("beta", "eps"))
 
 
 # --------------------------------------------------------------------------
@@ -311,6 +317,6 @@ def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree]
         networks", 2024 (the shape factor of Muon's update), as applied by
         optax.contrib.muon.
     """
-    call = "scale_by_shape"
-    return stateless(_apply_scale_by_shape, name=call, static=("weight_dimension_numbers",),
-                     options=dict(weight_dimension_numbers=dimension_numbers(call, weight_dimension_numbers)))
+    options = dict(weight_dimension_numbers=weight_dimension_numbers)
+    return stateless(_apply_scale_by_shape, name="scale_by_shape", options=options, domains=_domains(options),
+                     static=("weight_dimension_numbers",))

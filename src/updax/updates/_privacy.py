@@ -16,14 +16,17 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE
 from updax._primitives import stateful, stateless
 from updax._stage import without_examples
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import abs_sq, real_only, safe_sqrt
-from updax.updates._noise_decay import _check_key, _key_data
+from updax.updates._noise_decay import _KEY, _key_data
+
+#: What the options of the privacy stages hold (the key as add_noise's).
+_PRIVACY_DOMAINS = dict(l2_norm_clip=NON_NEGATIVE, noise_multiplier=NON_NEGATIVE, key=_KEY)
 
 
 def _clipped_sum(updates, l2_norm_clip):
@@ -75,7 +78,7 @@ def per_example_clipped_sum(grads: PyTree, l2_norm_clip: jax.typing.ArrayLike) -
         https://arxiv.org/abs/1607.00133
     """
     call = "per_example_clipped_sum"
-    l2_norm_clip = check.number(call, "l2_norm_clip", l2_norm_clip, 0.0)
+    l2_norm_clip = _PRIVACY_DOMAINS["l2_norm_clip"].check(call, "l2_norm_clip", l2_norm_clip)
     grads = _tree.as_arrays(call, grads, "grads", floating=True)
     without_examples(call, grads)
     return _clipped_sum(grads, l2_norm_clip)
@@ -122,9 +125,10 @@ def per_example_global_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0) -> Update
         Abadi et al., "Deep Learning with Differential Privacy", CCS 2016.
         https://arxiv.org/abs/1607.00133
     """
-    options = {"l2_norm_clip": check.nonnegative("per_example_global_norm_clip", "l2_norm_clip", l2_norm_clip)}
+    options = dict(l2_norm_clip=l2_norm_clip)
     return stateless(_apply_per_example_global_norm_clip, name="per_example_global_norm_clip", options=options,
-                     schedulable=("l2_norm_clip",), per_example=True)
+                     domains={k: _PRIVACY_DOMAINS[k] for k in options}, schedulable=("l2_norm_clip",),
+                     per_example=True)
 
 
 class DifferentiallyPrivateAggregateState(NamedTuple):
@@ -144,6 +148,9 @@ def _apply_private_aggregate(updates, state, params, *, l2_norm_clip, noise_mult
         return updates, state
     examples = leaves[0].shape[0]
     summed, _ = _clipped_sum(updates, l2_norm_clip)
+    # The leaves are numbered as optax numbers them, None leaves not counted (add_noise counts them, so that
+    # groups of partition draw their leaves' own noise): a per-example stage never runs inside partition or
+    # masked, whose groups keep the updates' shapes, so two groups of one key cannot meet here.
     keys = jax.random.split(jax.random.wrap_key_data(state.key), len(leaves) + 1)
     std = l2_norm_clip * noise_multiplier
 
@@ -204,9 +211,7 @@ def differentially_private_aggregate(l2_norm_clip: ScalarOrSchedule = 1.0, noise
         Abadi et al., "Deep Learning with Differential Privacy", CCS 2016.
         https://arxiv.org/abs/1607.00133
     """
-    call = "differentially_private_aggregate"
-    options = {"l2_norm_clip": check.nonnegative(call, "l2_norm_clip", l2_norm_clip),
-               "noise_multiplier": check.nonnegative(call, "noise_multiplier", noise_multiplier),
-               "key": _check_key(call, key)}
-    return stateful(_init_private_aggregate, _apply_private_aggregate, name=call, options=options,
+    options = dict(l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier, key=key)
+    return stateful(_init_private_aggregate, _apply_private_aggregate, name="differentially_private_aggregate",
+                    options=options, domains={k: _PRIVACY_DOMAINS[k] for k in options},
                     schedulable=("l2_norm_clip", "noise_multiplier"), per_example=True)

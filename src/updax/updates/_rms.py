@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -26,42 +26,57 @@ from updax.updates._kernels import (abs_sq, add, bias_corrections, div, maximum,
 class ScaleByRmsState(NamedTuple):
     """EMA of squared updates ``nu``."""
 
-    nu: Any
+    nu: NonNegativeField
 
 
 class ScaleByRmsWithCountState(NamedTuple):
     """EMA of squared updates ``nu`` and steps taken ``count`` (for the bias correction)."""
 
-    nu: Any
-    count: jax.Array
+    nu: NonNegativeField
+    count: Count
 
 
 class ScaleByRssState(NamedTuple):
     """Running sum of squared updates."""
 
-    sum_of_squares: Any
+    sum_of_squares: NonNegativeField
 
 
 class ScaleByStddevState(NamedTuple):
     """EMAs of the updates ``mu`` and of their squares ``nu``."""
 
     mu: Any
-    nu: Any
+    nu: NonNegativeField
 
 
 class ScaleByStddevWithCountState(NamedTuple):
     """EMAs of the updates ``mu`` and of their squares ``nu``, and steps taken ``count`` (for the bias correction)."""
 
     mu: Any
-    nu: Any
-    count: jax.Array
+    nu: NonNegativeField
+    count: Count
 
 
 class ScaleByAdadeltaState(NamedTuple):
     """EMAs of the squared incoming updates and of the squared outgoing steps."""
 
-    avg_sq_grad: Any
-    avg_sq_step: Any
+    avg_sq_grad: NonNegativeField
+    avg_sq_step: NonNegativeField
+
+
+#: What the options of the second-moment stages hold.
+_RMS_DOMAINS = dict(decay=UNIT, rho=UNIT, eps=NON_NEGATIVE, initial_scale=NON_NEGATIVE,
+                    initial_accumulator_value=NON_NEGATIVE, mu_dtype=FloatDtype(), nu_dtype=FloatDtype(),
+                    accumulator_dtype=FloatDtype(), eps_in_sqrt=Flag(late=True, default=True),
+                    bias_correction=Flag(late=True))
+
+
+def _rms_like(init_fn, apply_fn, name, options, schedulable, own=None):
+    """A second-moment stage: elementwise, its options' domains from :data:`_RMS_DOMAINS`, or ``own`` for an
+    option whose rule is the stage's own."""
+    domains = {**_RMS_DOMAINS, **(own or {})}
+    return stateful(init_fn, apply_fn, elementwise=True, name=name, options=options,
+                    domains={k: domains[k] for k in options}, schedulable=schedulable)
 
 
 # --------------------------------------------------------------------------
@@ -165,14 +180,10 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
         Tieleman & Hinton, "Lecture 6.5 - RMSProp", COURSERA: Neural Networks
         for Machine Learning, 2012.
     """
-    call = "scale_by_rms"
-    options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
-                   initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype),
-                   eps_in_sqrt=check.late_flag(call, "eps_in_sqrt", eps_in_sqrt, default=True),
-                   bias_correction=check.late_flag(call, "bias_correction", bias_correction))
-    return stateful(_init_scale_by_rms, _apply_scale_by_rms, elementwise=True, name=call, options=options,
-                    schedulable=("decay", "eps", "initial_scale"))
+    return _rms_like(_init_scale_by_rms, _apply_scale_by_rms, "scale_by_rms",
+                     dict(decay=decay, eps=eps, initial_scale=initial_scale, nu_dtype=nu_dtype,
+                          eps_in_sqrt=eps_in_sqrt, bias_correction=bias_correction),
+                     schedulable=("decay", "eps", "initial_scale"))
 
 
 # --------------------------------------------------------------------------
@@ -259,15 +270,10 @@ def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
         Graves, "Generating Sequences With Recurrent Neural Networks", 2013,
         eq. 38-45. https://arxiv.org/abs/1308.0850
     """
-    call = "scale_by_stddev"
-    options = dict(decay=check.unit(call, "decay", decay), eps=check.nonnegative(call, "eps", eps),
-                   initial_scale=check.nonnegative(call, "initial_scale", initial_scale),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype),
-                   nu_dtype=check.float_dtype(call, "nu_dtype", nu_dtype),
-                   eps_in_sqrt=check.late_flag(call, "eps_in_sqrt", eps_in_sqrt, default=True),
-                   bias_correction=check.late_flag(call, "bias_correction", bias_correction))
-    return stateful(_init_scale_by_stddev, _apply_scale_by_stddev, elementwise=True, name=call, options=options,
-                    schedulable=("decay", "eps", "initial_scale"))
+    return _rms_like(_init_scale_by_stddev, _apply_scale_by_stddev, "scale_by_stddev",
+                     dict(decay=decay, eps=eps, initial_scale=initial_scale, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                          eps_in_sqrt=eps_in_sqrt, bias_correction=bias_correction),
+                     schedulable=("decay", "eps", "initial_scale"))
 
 
 # --------------------------------------------------------------------------
@@ -316,13 +322,10 @@ def scale_by_rss(initial_accumulator_value: ScalarOrSchedule = 0.1, eps: ScalarO
         Duchi et al., "Adaptive Subgradient Methods for Online Learning and
         Stochastic Optimization", JMLR 2011.
     """
-    call = "scale_by_rss"
-    options = dict(initial_accumulator_value=check.nonnegative(call, "initial_accumulator_value",
-                                                                initial_accumulator_value),
-                   eps=check.nonnegative(call, "eps", eps),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_rss, _apply_scale_by_rss, elementwise=True, name=call, options=options,
-                    schedulable=("initial_accumulator_value", "eps"))
+    return _rms_like(_init_scale_by_rss, _apply_scale_by_rss, "scale_by_rss",
+                     dict(initial_accumulator_value=initial_accumulator_value, eps=eps,
+                          accumulator_dtype=accumulator_dtype),
+                     schedulable=("initial_accumulator_value", "eps"))
 
 
 # --------------------------------------------------------------------------
@@ -379,8 +382,7 @@ def scale_by_adadelta(rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6,
         Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012,
         Algorithm 1. https://arxiv.org/abs/1212.5701
     """
-    call = "scale_by_adadelta"
-    options = dict(rho=check.unit(call, "rho", rho), eps=check.positive(call, "eps", eps),
-                   accumulator_dtype=check.float_dtype(call, "accumulator_dtype", accumulator_dtype))
-    return stateful(_init_scale_by_adadelta, _apply_scale_by_adadelta, elementwise=True, name=call, options=options,
-                    schedulable=("rho", "eps"))
+    # (AdaDelta's eps is > 0, where the others' is >= 0: with 0 no step is ever taken)
+    return _rms_like(_init_scale_by_adadelta, _apply_scale_by_adadelta, "scale_by_adadelta",
+                     dict(rho=rho, eps=eps, accumulator_dtype=accumulator_dtype), schedulable=("rho", "eps"),
+                     own=dict(eps=POSITIVE))

@@ -6,14 +6,15 @@ step size adapted to sign agreement).
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, NonNegativeField, Real, Relation
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -32,7 +33,7 @@ class ScaleByLionState(NamedTuple):
 class ScaleByRpropState(NamedTuple):
     """Per-element step sizes, and the last step taken (0 where the sign flipped)."""
 
-    step_sizes: Any
+    step_sizes: NonNegativeField
     prev_steps: Any
 
 
@@ -121,16 +122,22 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
         2023, Algorithm 2. https://arxiv.org/abs/2302.06675
     """
-    call = "scale_by_lion"
-    options = dict(b1=check.unit(call, "b1", b1), b2=check.unit(call, "b2", b2),
-                   mu_dtype=check.float_dtype(call, "mu_dtype", mu_dtype))
     # The sign reads the old momentum: mu is written after the params' update (updax._in_place).
-    return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name=call, options=options,
-                    schedulable=("b1", "b2"), state_last=("mu",))
+    return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name="scale_by_lion",
+                    options=dict(b1=b1, b2=b2, mu_dtype=mu_dtype),
+                    domains=dict(b1=UNIT, b2=UNIT, mu_dtype=FloatDtype()), schedulable=("b1", "b2"),
+                    state_last=("mu",))
 
 
 # --------------------------------------------------------------------------
 # Rprop
+
+
+#: What Rprop's options hold, and the rule between its bounds.
+_RPROP_DOMAINS = dict(learning_rate=POSITIVE, eta_minus=Real(0.0, 1.0, lo_open=True), eta_plus=Real(1.0),
+                      min_step_size=NON_NEGATIVE, max_step_size=NON_NEGATIVE)
+_RPROP_RELATIONS = (Relation(("min_step_size", "max_step_size"), operator.le,
+                             "min_step_size must be <= max_step_size"),)
 
 
 def _init_scale_by_rprop(params, *, learning_rate):
@@ -207,14 +214,8 @@ def scale_by_rprop(learning_rate: ScalarOrSchedule, eta_minus: ScalarOrSchedule 
         Hüsken, "Empirical evaluation of the improved Rprop learning
         algorithms", Neurocomputing 50, 2003.
     """
-    call = "scale_by_rprop"
-    options = dict(learning_rate=check.positive(call, "learning_rate", learning_rate),
-                   eta_minus=check.real(call, "eta_minus", eta_minus, 0.0, 1.0, lo_open=True),
-                   eta_plus=check.real(call, "eta_plus", eta_plus, 1.0),
-                   min_step_size=check.nonnegative(call, "min_step_size", min_step_size),
-                   max_step_size=check.nonnegative(call, "max_step_size", max_step_size))
-    low, high = options["min_step_size"], options["max_step_size"]
-    if isinstance(low, float) and isinstance(high, float) and high < low:
-        raise ValueError(f"{call}(max_step_size={high!r}): max_step_size must be >= min_step_size={low!r}")
-    return stateful(_init_scale_by_rprop, _apply_scale_by_rprop, elementwise=True, name=call, options=options,
-                    schedulable=("learning_rate", "eta_minus", "eta_plus", "min_step_size", "max_step_size"))
+    options = dict(learning_rate=learning_rate, eta_minus=eta_minus, eta_plus=eta_plus, min_step_size=min_step_size,
+                   max_step_size=max_step_size)
+    return stateful(_init_scale_by_rprop, _apply_scale_by_rprop, elementwise=True, name="scale_by_rprop",
+                    options=options, domains=_RPROP_DOMAINS, relations=_RPROP_RELATIONS, schedulable=tuple(options))
+

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from updax import _in_place, _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, Count, FlagField, Integer, Pipeline
 from updax._primitives import stateful
 from updax._typing import ArrayLike, PyTree
 from updax._update import Update
@@ -88,7 +88,7 @@ class skip_large_updates:
     max_squared_norm: float
 
     def __post_init__(self) -> None:
-        bound = check.number("skip_large_updates", "max_squared_norm", self.max_squared_norm, 0.0)
+        bound = NON_NEGATIVE.check("skip_large_updates", "max_squared_norm", self.max_squared_norm)
         object.__setattr__(self, "max_squared_norm", float(bound))
 
     def __call__(self, updates: PyTree, gradient_step: ArrayLike,
@@ -103,9 +103,9 @@ class ApplyIfFiniteState(NamedTuple):
     """The wrapped pipeline's state and the counts of non-finite steps (optax's names)."""
 
     inner: tuple
-    notfinite_count: jax.Array
-    last_finite: jax.Array
-    total_notfinite: jax.Array
+    notfinite_count: Count
+    last_finite: FlagField
+    total_notfinite: Count
 
 
 def _init_apply_if_finite(params, *, inner):
@@ -166,6 +166,7 @@ def apply_if_finite(inner: Update, max_consecutive_errors: int = 5) -> Update:
         optax.apply_if_finite; the loss-scaling skip of mixed-precision
         training (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
     """
-    bound = check.integer("apply_if_finite", "max_consecutive_errors", max_consecutive_errors, 0)
     return stateful(_init_apply_if_finite, _apply_apply_if_finite, name="apply_if_finite",
-                    options=dict(inner=inner, max_consecutive_errors=bound), wraps="inner", state_last=("inner",))
+                    options=dict(inner=inner, max_consecutive_errors=max_consecutive_errors),
+                    domains=dict(inner=Pipeline(), max_consecutive_errors=Integer(0)), wraps="inner",
+                    state_last=("inner",))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, Count, Flag, Function, Integer, NonNegativeField,
+from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, Count, Function, Integer, NonNegativeField,
                             Real, returned, scalar_input)
 from updax._primitives import stateful, stateless
 from updax._typing import ScalarOrSchedule, ScheduleLike
@@ -166,31 +166,28 @@ def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
 # Learning rates
 
 
-def _apply_scale_by_learning_rate(updates, params, *, learning_rate, maximize=None):
-    factor = learning_rate if maximize else -learning_rate
+def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
+    factor = -learning_rate
     return jax.tree.map(lambda g: scaled(g, factor), updates)
 
 
 @combinator
-def scale_by_learning_rate(learning_rate: ScalarOrSchedule, *, maximize: bool = False) -> Update:
+def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
     """Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
 
-    Update rule: ``u ← -η·u`` (``u ← η·u`` with ``maximize=True``), where
-    ``η`` is a number or a schedule ``count -> η``. With a schedule, the
-    value used on the last step is readable as
-    ``opt.get_state(state, "scale_by_learning_rate.learning_rate")`` (with a
-    number, the same call returns the number).
+    Update rule: ``u ← -η·u``, where ``η`` is a number or a schedule
+    ``count -> η``. With a schedule, the value used on the last step is
+    readable as ``opt.get_state(state, "scale_by_learning_rate.learning_rate")``
+    (with a number, the same call returns the number).
 
     The learning rate is positive and this stage gives the step its sign, as
     every optimizer does: a negative ``η`` (a sign error that would train
-    uphill) is refused, as PyTorch refuses it. For gradient ascent pass
-    ``maximize=True``. (Axon's ``scale(step_size)`` takes the signed step:
-    ``scale(-lr)``.)
+    uphill) is refused, as PyTorch refuses it; the optimizers take
+    ``maximize=True`` for gradient ascent. Axon's ``scale(step_size)`` takes
+    the signed step instead: ``scale(-lr)``.
 
     Args:
         learning_rate: ``η``, a number >= 0 or a schedule of them. No default.
-        maximize: ascend instead of descending (PyTorch's name); it prints
-            only when True. Default: ``False``.
 
     Returns:
         A stateless update object (with a ``ScheduledState`` when ``η`` is a
@@ -208,8 +205,7 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule, *, maximize: bool = 
         ``scale_by_learning_rate``.
     """
     return stateless(_apply_scale_by_learning_rate, elementwise=True, name="scale_by_learning_rate",
-                     options=dict(learning_rate=learning_rate, maximize=maximize),
-                     domains=dict(learning_rate=LEARNING_RATE, maximize=Flag(late=True)),
+                     options=dict(learning_rate=learning_rate), domains=dict(learning_rate=LEARNING_RATE),
                      schedulable=("learning_rate",))
 
 

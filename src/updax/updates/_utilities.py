@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import Flag, Function, fail
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree
 from updax._update import Update
@@ -23,7 +24,7 @@ from updax.updates._kernels import real_only
 class ZeroNansState(NamedTuple):
     """Per leaf of the updates, a bool scalar: whether the last call found a NaN in that leaf."""
 
-    found_nan: Any
+    found_nan: Annotated[Any, Flag()]
 
 
 def _init_zero_nans(params):
@@ -180,11 +181,14 @@ def snapshot(name: str = "snapshot", measure: Callable[[PyTree], PyTree] | None 
         in a dict of its state, read with ``optax.tree.get``; its initial
         value is ``measure(params)``.
     """
+    # (the name is the stage's, not an option: checked here, and bound by the stage like any stage name)
     if not (isinstance(name, str) and name.isidentifier()):
-        check.fail("snapshot", "name", name, "must be a Python identifier (state paths use it)", TypeError)
-    if measure is not None:
-        check.function("snapshot", "measure", measure)
+        fail("snapshot", "name", name, "must be a Python identifier (state paths use it)", TypeError)
+    if keyword.iskeyword(name) or name in ("stateless", "stateful"):
+        fail("snapshot", "name", name, "must be a Python identifier other than a keyword, stateless and stateful "
+             "(state paths use it)")
     try:
-        return stateful(_init_snapshot, _apply_snapshot, name=name, options={"measure": measure})
-    except ValueError as error:  # a keyword, or a name another kind of stage has
+        return stateful(_init_snapshot, _apply_snapshot, name=name, options=dict(measure=measure),
+                        domains=dict(measure=Function(optional=True)))
+    except ValueError as error:  # a name another kind of stage has (a catalogue combinator's: ux.trace)
         raise ValueError(f"snapshot(name={name!r}): {error}") from None

@@ -8,13 +8,33 @@ import jax
 import jax.numpy as jnp
 
 from updax import _tree
-from updax import _validate as check
 from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, Count, Flag, FlagField, FloatDtype, Integer, Pipeline, Real, Valid, fail
 from updax._primitives import apply_updates, stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._clipping import global_norm
 from updax.updates._kernels import filled, mul, per_leaf, sub, where
+
+
+def _optional_pipeline(call, name, value):
+    if value is not None and not isinstance(value, Update):
+        fail(call, name, value, "must be None or an update object", TypeError)
+    return value
+
+
+#: What the options of the wrappers and of the optimistic gradient hold. (A sync period sizes no state or loop:
+#: it is compared with a step counter.)
+_WRAPPER_DOMAINS = dict(
+    inner=Pipeline(), sync_period=Integer(1), slow_step_size=Real(0.0, 1.0, lo_open=True), reset_state=Flag(),
+    accumulator_dtype=FloatDtype(), rho=NON_NEGATIVE,
+    adversary=Valid(rule=_optional_pipeline, text="must be None or an update object"),
+    alpha=NON_NEGATIVE, beta=NON_NEGATIVE)
+
+
+def _domains(options):
+    return {k: _WRAPPER_DOMAINS[k] for k in options}
+
 
 # --------------------------------------------------------------------------
 # Lookahead
@@ -25,7 +45,7 @@ class LookaheadState(NamedTuple):
 
     inner: tuple
     slow: Any
-    steps_since_sync: jax.Array
+    steps_since_sync: Count
 
 
 def _init_lookahead(params, *, inner, accumulator_dtype):
@@ -121,13 +141,10 @@ def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSched
         Zhang et al., "Lookahead Optimizer: k steps forward, 1 step back",
         NeurIPS 2019, Algorithm 1. https://arxiv.org/abs/1907.08610
     """
-    call = "lookahead"
-    options = {"inner": inner, "sync_period": check.positive_int(call, "sync_period", sync_period),
-               "slow_step_size": check.real(call, "slow_step_size", slow_step_size, 0.0, 1.0, lo_open=True),
-               "reset_state": check.flag(call, "reset_state", reset_state),
-               "accumulator_dtype": check.float_dtype(call, "accumulator_dtype", accumulator_dtype)}
-    return stateful(_init_lookahead, _apply_lookahead, name=call, options=options, wraps="inner",
-                    needs_params=True, schedulable=("slow_step_size",))
+    options = dict(inner=inner, sync_period=sync_period, slow_step_size=slow_step_size, reset_state=reset_state,
+                   accumulator_dtype=accumulator_dtype)
+    return stateful(_init_lookahead, _apply_lookahead, name="lookahead", options=options, domains=_domains(options),
+                    wraps="inner", needs_params=True, schedulable=("slow_step_size",))
 
 
 # --------------------------------------------------------------------------
@@ -141,7 +158,7 @@ class SamState(NamedTuple):
     inner: tuple
     adversary: Any
     outer_params: Any
-    steps_since_sync: jax.Array
+    steps_since_sync: Count
 
 
 def _init_sam(params, *, inner, adversary):
@@ -244,14 +261,9 @@ def sam(inner: Update, rho: ScalarOrSchedule = 0.05, sync_period: int = 2, *, re
         Generalization", ICLR 2021. https://arxiv.org/abs/2010.01412;
         optax.contrib.sam.
     """
-    call = "sam"
-    if adversary is not None and not isinstance(adversary, Update):
-        check.fail(call, "adversary", adversary, "must be None or an update object", TypeError)
-    options = {"inner": inner, "rho": check.nonnegative(call, "rho", rho),
-               "sync_period": check.positive_int(call, "sync_period", sync_period),
-               "reset_state": check.flag(call, "reset_state", reset_state), "adversary": adversary}
-    return stateful(_init_sam, _apply_sam, name=call, options=options, wraps="inner", needs_params=True,
-                    schedulable=("rho",))
+    options = dict(inner=inner, rho=rho, sync_period=sync_period, reset_state=reset_state, adversary=adversary)
+    return stateful(_init_sam, _apply_sam, name="sam", options=options, domains=_domains(options), wraps="inner",
+                    needs_params=True, schedulable=("rho",))
 
 
 # --------------------------------------------------------------------------
@@ -262,7 +274,7 @@ class ScaleByOptimisticGradientState(NamedTuple):
     """The previous call's input (the gradient, or the direction of the stage before), and whether none came yet."""
 
     previous_gradient: Any
-    is_initial_step: jax.Array
+    is_initial_step: FlagField
 
 
 def _init_optimistic(params, *, accumulator_dtype):
@@ -325,9 +337,7 @@ def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSc
         Point Problems", AISTATS 2020 (alpha, beta).
         https://arxiv.org/abs/1901.08511
     """
-    call = "scale_by_optimistic_gradient"
-    options = {"alpha": check.nonnegative(call, "alpha", alpha), "beta": check.nonnegative(call, "beta", beta),
-               "accumulator_dtype": check.float_dtype(call, "accumulator_dtype", accumulator_dtype)}
+    options = dict(alpha=alpha, beta=beta, accumulator_dtype=accumulator_dtype)
     # The update reads the previous gradient: it is written after the params' update (updax._in_place).
-    return stateful(_init_optimistic, _apply_optimistic, name=call, options=options, schedulable=("alpha", "beta"),
-                    state_last=("previous_gradient",))
+    return stateful(_init_optimistic, _apply_optimistic, name="scale_by_optimistic_gradient", options=options,
+                    domains=_domains(options), schedulable=("alpha", "beta"), state_last=("previous_gradient",))

@@ -1,0 +1,41 @@
+"""What every optimizer does the same way, written once: its learning rate's domain, ascent, optax's spellings."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from updax._domains import LEARNING_RATE, Flag
+from updax._hints import check_keywords
+from updax._primitives import compose
+from updax._update import Update
+from updax.updates import scale
+
+__all__ = ["maximized", "optimizer"]
+
+
+def optimizer(fn: Callable[..., Update]) -> Callable[..., Update]:
+    """Marks a public optimizer: its ``learning_rate`` is checked against
+    :data:`updax.domains.LEARNING_RATE` in its own name (a negative, NaN or
+    infinite rate is refused: ``adam(learning_rate=-0.1): learning_rate must
+    be in [0, inf)...``), and an option spelt as optax spells it gets a hint."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def build(*args: Any, **kwargs: Any) -> Update:
+        check_keywords(fn.__name__, fn, kwargs)
+        bound = signature.bind(*args, **kwargs)
+        if "learning_rate" in bound.arguments and bound.arguments["learning_rate"] is not None:
+            LEARNING_RATE.check(fn.__name__, "learning_rate", bound.arguments["learning_rate"], schedulable=True)
+        return fn(*args, **kwargs)
+
+    return build
+
+
+def maximized(maximize: bool, opt: Update) -> Update:
+    """``opt`` for gradient ascent where ``maximize``: ``scale(-1.0)`` in front, negating the gradients, as
+    PyTorch's ``maximize=True`` does (maximising f is minimising -f: decoupled weight decay still decays,
+    and the learning rate stays positive)."""
+    return compose(scale(-1.0), opt) if Flag().check("optimizer", "maximize", maximize) else opt

@@ -1,0 +1,97 @@
+"""Every stage's state keeps its dtypes and shapes across steps, with float64 params (``JAX_ENABLE_X64``) too.
+
+A state whose dtypes change between steps (a float32 field at ``init`` that a float64 computation widens on
+the first step) breaks ``lax.cond``, ``lax.scan``, buffer donation and checkpoints restored with ``init``'s
+shapes as their target. For every catalogue entry (tests/registry.py) and every optimizer at its defaults,
+:func:`drift` runs ``init`` and three steps, eagerly and jitted, and names every leaf whose dtype or shape
+differs from ``init``'s. ``JAX_ENABLE_X64`` must be set before JAX starts, so float64 runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import updax as ux
+from registry import ENTRIES, half_squared_norm, nested_tree, updates_for
+
+STEPS = 3
+LOSS = 1.0
+
+
+#: Optimizers built with options their defaults leave out.
+EXTRA = {
+    "optimizers.schedule_free_adamw/warmup": lambda: ux.optimizers.schedule_free_adamw(1e-2, warmup_steps=2),
+    "optimizers.lbfgs": lambda: ux.optimizers.lbfgs(objective=half_squared_norm),
+}
+
+
+def targets() -> dict:
+    from test_declarations import _optimizer
+
+    built = dict(ENTRIES)
+    built.update({f"optimizers.{name}": (lambda name=name: _optimizer(name)) for name in ux.optimizers.__all__})
+    built.update(EXTRA)
+    return built
+
+
+def drift(name: str, build, dtype) -> list[str]:
+    """The state leaves whose dtype or shape after a step differs from ``init``'s, as ``'path: before -> after'``."""
+    opt = build()
+    params = nested_tree(dtype, seed=0)
+    grads = [nested_tree(dtype, seed=t + 1) for t in range(STEPS)]
+    state0 = opt.init(params)
+    found = []
+    for jit in (False, True):
+        step = jax.jit(opt.update) if jit else opt.update
+        state = state0
+        for t, g in enumerate(grads):
+            _, state = step(updates_for(opt, g), state, params, loss=jnp.asarray(LOSS, dtype))
+            before = jax.tree_util.tree_flatten_with_path(state0)[0]
+            after = jax.tree.leaves(state)
+            for (path, a), b in zip(before, after):
+                if (jnp.result_type(a), jnp.shape(a)) != (jnp.result_type(b), jnp.shape(b)):
+                    found.append(f"{name} {'jit' if jit else 'eager'} step {t + 1} {jax.tree_util.keystr(path)}: "
+                                 f"{jnp.result_type(a)}{jnp.shape(a)} -> {jnp.result_type(b)}{jnp.shape(b)}")
+    return found
+
+
+def main() -> None:
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    report = {}
+    for name, build in sorted(targets().items()):
+        try:
+            report[name] = drift(name, build, dtype)
+        except Exception as error:  # a failure is a finding too
+            report[name] = [f"{name}: {type(error).__name__}: {error}"[:500]]
+    print(json.dumps(report))
+
+
+@pytest.fixture(scope="module")
+def float64_report():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_state_dtypes; test_state_dtypes.main()"
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+pytestmark = pytest.mark.xdist_group("state_dtypes")
+
+
+@pytest.mark.parametrize("name", sorted(targets()))
+def test_the_state_keeps_its_dtypes_and_shapes_float32(name):
+    assert drift(name, targets()[name], jnp.float32) == []
+
+
+@pytest.mark.parametrize("name", sorted(targets()))
+def test_the_state_keeps_its_dtypes_and_shapes_float64(name, float64_report):
+    assert float64_report[name] == []
