@@ -41,14 +41,12 @@ def _apply_sign_momentum(updates, state, params, *, decay):
 @ux.combinator
 def scale_by_sign_momentum(decay=0.9):
     """Replaces the updates by the sign of their EMA; ``decay`` in [0, 1), or a schedule ``count -> decay``."""
-    if not callable(decay):
-        if not 0.0 <= decay < 1.0:  # validate when the object is built, naming the call
-            raise ValueError(f"scale_by_sign_momentum(decay={decay!r}): decay must be in [0, 1)")
-        decay = float(decay)
+    # `domains` declares what `decay` may hold, once: updax checks it when the object is built (naming the
+    # call), and wherever a value enters later (a held value, a tree map, a schedule's value on a step).
     # `schedulable` declares that `decay` may be a schedule: the stage then evaluates it at its own step
     # count and the kernel sees a number. Any other callable option would reach the kernel as a function.
     return ux.stateful(_init_sign_momentum, _apply_sign_momentum, name="scale_by_sign_momentum",
-                       options={"decay": decay}, schedulable=("decay",))
+                       options={"decay": decay}, domains={"decay": ux.domains.UNIT}, schedulable=("decay",))
 
 
 def loss_fn(params):

@@ -120,6 +120,28 @@ def pytest_xdist_node_collection_finished(node, ids):
     _start_once(node.config, ids)
 
 
+#: XLA's cheapest compilation (4x faster here), for checks of values, not speed.
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
+
+def start_float64(module: str, function: str, fast_compile: bool = True) -> subprocess.Popen:
+    """``module.function()`` (a test module of this folder) in a subprocess with ``JAX_ENABLE_X64=1``, which must
+    be set before JAX starts; started early so that it runs alongside the tests of the process that waits for it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import {module}; {module}.{function}()"
+    flags = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items()) if fast_compile else ""
+    env = {**os.environ, "JAX_ENABLE_X64": "1", "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
+    return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen) -> None:
+    """Stops a subprocess :func:`start_float64` started, if it still runs."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
 def pytest_unconfigure(config):
     proc = config.stash.get(SHARDED_CHECKS, None)
     if proc is not None and proc.poll() is None:

@@ -432,3 +432,43 @@ def test_held_options_of_partition_groups_are_reachable_by_path():
         opt.replace_state(state, path, -0.1)
     with pytest.raises(KeyError, match=r"partition has no group 'sgd' \(groups: \['adam', 'muon'\]\)"):
         opt.get_state(state, "partition/sgd/scale_by_learning_rate.learning_rate")
+
+
+# --- the docs say what the declarations say ---------------------------------------------------------------------
+
+
+def _as_range(domain):
+    """A declared numeric domain as the fuzz's documented ``Range``, or None for one that is not a number's."""
+    from test_fuzz import Range
+
+    from updax._domains import Integer, Real, Valid
+
+    if isinstance(domain, Valid):
+        domain = domain.values
+    if isinstance(domain, Real):
+        return Range(False, domain.lo, domain.hi, domain.lo_open, domain.hi_open)
+    if isinstance(domain, Integer):
+        return Range(True, domain.lo, domain.hi)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_the_documented_range_of_an_option_is_its_declared_domain(name):
+    """Where a catalogue entry's docstring states an option's range (``in [0, 1)``, ``>= 0``, ``an integer in
+    [1, 100]``), it is the range the stage declares: two independent statements of one rule that must agree."""
+    from test_fuzz import args_section, parse_range
+
+    stage = ENTRIES[name]().stages[-1]
+    factory = getattr(ux, stage.label, None) if stage.label == name.split("_bias_corrected")[0] else None
+    for option, text in args_section(factory or getattr(ux, name, lambda: None)).items():
+        documented = parse_range(text)
+        if documented is None or documented.at_least or option not in dict(stage.options):
+            continue
+        declared = _as_range(stage.declaration.domain(option))
+        if declared is None:  # not a number (adaptive_grad_clip's axis "for leaves of rank >= 2")
+            continue
+        if documented.lo is None and documented.hi is None and not documented.integer:
+            continue  # "any real number"
+        assert (declared.integer, declared.lo, declared.hi, declared.lo_open, declared.hi_open) == \
+            (documented.integer, documented.lo, documented.hi, documented.lo_open, documented.hi_open), \
+            f"{name}.{option}: the docstring says {text!r}, the declaration {stage.declaration.domain(option)}"

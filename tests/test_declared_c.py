@@ -11,10 +11,6 @@ the zoom line search stopping once its interval has collapsed.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,14 +18,13 @@ import optax
 import pytest
 
 import updax as ux
+from conftest import finish, start_float64
 from registry import nested_tree
 
 #: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
 pytestmark = pytest.mark.xdist_group("declared_c")
 
 O = ux.optimizers
-#: XLA's cheapest compilation, for the x64 subprocess (as tests/test_gradients.py): it checks dtypes, not speed.
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 
 
 # --------------------------------------------------------------------------
@@ -201,16 +196,9 @@ def x64_state_checks():
 
 @pytest.fixture(scope="module")
 def x64_run():
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_declared_c; " \
-           "test_declared_c.x64_state_checks()"
-    flags = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
-    env = {**os.environ, "JAX_ENABLE_X64": "1", "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_float64("test_declared_c", "x64_state_checks")
     yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate()
+    finish(proc)
 
 
 def test_every_state_field_keeps_its_dtype_and_shape_under_x64(x64_run):

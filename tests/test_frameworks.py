@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 from flax.training import train_state
 
@@ -145,3 +146,36 @@ def test_optax_inject_hyperparams_gives_the_same_steps():
     expected, _ = _by_hand(params)
     for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_learning_rate_an_nnx_variable_sets_out_of_range_is_refused():
+    """An NNX variable written in place reaches no updax call: an eager step refuses it, and a jitted one through
+    ux.checked and checkify (NNX's functional API: split, a pure jitted step, merge)."""
+    from jax.experimental import checkify
+
+    model = nnx.Linear(3, 1, rngs=nnx.Rngs(0))
+    opt = ux.checked(_optimizer())
+    optimizer = nnx.Optimizer(model, opt, wrt=nnx.Param)
+
+    def step(model, optimizer):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(X) - Y) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    model_def, optimizer_def = nnx.graphdef(model), nnx.graphdef(optimizer)
+
+    @jax.jit
+    def pure(model_state, optimizer_state):
+        m, o = nnx.merge(model_def, model_state), nnx.merge(optimizer_def, optimizer_state)
+        return step(m, o), nnx.state(m), nnx.state(o)
+
+    err, _ = checkify.checkify(pure)(nnx.state(model), nnx.state(optimizer))
+    err.throw()  # RATES[0]: nothing to report
+    opt.get_state(optimizer.opt_state, PATH)[...] = -1.0  # set in place, as a framework sets a variable
+    err, _ = checkify.checkify(pure)(nnx.state(model), nnx.state(optimizer))
+    with pytest.raises(checkify.JaxRuntimeError, match=r"scale_by_learning_rate\(learning_rate=-1\.0\): "
+                                                       r"learning_rate must be in \[0, inf\).*\(held in the state\)"):
+        err.throw()
+    with pytest.raises(ValueError, match=r"^scale_by_learning_rate\(learning_rate=-1\.0\): learning_rate must be "
+                                         r"in \[0, inf\).*\(held in the state\)$"):
+        step(model, optimizer)  # eager

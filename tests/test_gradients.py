@@ -16,10 +16,6 @@ since ``JAX_ENABLE_X64`` must be set before JAX starts.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +23,7 @@ import optax
 import pytest
 
 import updax as ux
+from conftest import FAST_COMPILE, finish, start_float64
 from registry import ENTRIES, NEEDS_PARAMS, nested_tree, updates_for
 
 #: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
@@ -36,8 +33,6 @@ O = ux.optimizers
 NAMES = sorted(ENTRIES)
 STEPS = 3
 LOSS = 1.0  # for reduce_on_plateau; the other stages ignore it
-#: XLA's cheapest compilation (4x faster here): these tests check values, not speed.
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
 
 
 def _tree(seed, dtype=jnp.float32):
@@ -127,16 +122,9 @@ def _non_finite(tree):
 @pytest.fixture(scope="module")
 def float64_run():
     """:func:`float64_checks` in a subprocess with ``JAX_ENABLE_X64=1``, started early to run alongside."""
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_gradients; " \
-           "test_gradients.float64_checks()"
-    flags = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
-    env = {**os.environ, "JAX_ENABLE_X64": "1", "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    proc = start_float64("test_gradients", "float64_checks")
     yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate()
+    finish(proc)
 
 
 @pytest.mark.parametrize("name", NAMES)

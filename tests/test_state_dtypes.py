@@ -10,15 +10,13 @@ differs from ``init``'s. ``JAX_ENABLE_X64`` must be set before JAX starts, so fl
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import updax as ux
+from conftest import finish, start_float64
 from registry import ENTRIES, half_squared_norm, nested_tree, updates_for
 
 STEPS = 3
@@ -74,21 +72,26 @@ def main() -> None:
 
 
 @pytest.fixture(scope="module")
-def float64_report():
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
-    code = f"import sys; sys.path.insert(0, {here!r}); import test_state_dtypes; test_state_dtypes.main()"
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def float64_run():
+    """:func:`main` in a float64 subprocess, started early to run alongside the float32 tests."""
+    proc = start_float64("test_state_dtypes", "main")
+    yield proc
+    finish(proc)
+
+
+@pytest.fixture(scope="module")
+def float64_report(float64_run):
+    out, err = float64_run.communicate(timeout=900)
+    assert float64_run.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 pytestmark = pytest.mark.xdist_group("state_dtypes")
 
 
 @pytest.mark.parametrize("name", sorted(targets()))
-def test_the_state_keeps_its_dtypes_and_shapes_float32(name):
+def test_the_state_keeps_its_dtypes_and_shapes_float32(name, float64_run):
+    # (float64_run is requested here only to start the float64 subprocess while these run.)
     assert drift(name, targets()[name], jnp.float32) == []
 
 

@@ -173,12 +173,15 @@ def _check_elementwise(inner: Update) -> None:
 
 
 def _none_or_positive(call, name, value):
-    return None if value is None else Integer(1).check(call, name, value)
+    return None if value is None else _POSITIVE_INT.check(call, name, value)
 
+
+_POSITIVE_INT = Integer(1)
 
 #: What flat_state's options hold (the sizes only choose which leaves are joined: they size no state or loop).
-_FLAT_DOMAINS = dict(inner=Pipeline(), max_join_size=Integer(0), min_joined=Integer(1),
-                     max_shared=Valid(rule=_none_or_positive, text="must be None or a positive integer"))
+_FLAT_DOMAINS = dict(inner=Pipeline(), max_join_size=Integer(0), min_joined=_POSITIVE_INT,
+                     max_shared=Valid(rule=_none_or_positive, text="must be None or a positive integer",
+                                      values=_POSITIVE_INT))
 
 
 @combinator(wraps=True)

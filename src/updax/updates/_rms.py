@@ -145,8 +145,8 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
 
     Args:
         decay: EMA decay, in [0, 1). Default: ``0.9``.
-        eps: added inside the square root, > 0 keeps the first steps finite.
-            Default: ``1e-8``.
+        eps: added inside the square root, >= 0 (above 0 it keeps the first
+            steps finite). Default: ``1e-8``.
         initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
         nu_dtype: storage dtype of ``nu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
