@@ -472,3 +472,26 @@ def test_the_documented_range_of_an_option_is_its_declared_domain(name):
         assert (declared.integer, declared.lo, declared.hi, declared.lo_open, declared.hi_open) == \
             (documented.integer, documented.lo, documented.hi, documented.lo_open, documented.hi_open), \
             f"{name}.{option}: the docstring says {text!r}, the declaration {stage.declaration.domain(option)}"
+
+
+def test_a_fused_run_checks_its_stages_too():
+    """LAMB's stages run through a fused path (updax._fused), not Stage.apply: a tree map out of the domain is
+    refused there as well, and a checked pipeline runs stage by stage, so its checks are in the step."""
+    from jax.experimental import checkify
+
+    params = {"w": jnp.ones((2, 2)), "b": jnp.ones(2)}
+    lamb = ux.optimizers.lamb(0.1)
+    bad = jax.tree.map(lambda x: x * 10, lamb)
+    with pytest.raises(ValueError, match=r"^scale_by_adam\(b1=9\.0\): b1 must be in \[0, 1\)"):
+        bad.update(params, lamb.init(params), params)
+
+    @jax.jit
+    def step(o, g, s, p):
+        return o.update(g, s, p)[0]
+
+    with pytest.raises(ValueError, match=r"b1 must be in \[0, 1\) \(checked\)"):
+        ux.checked(bad)
+    err, _ = checkify.checkify(step)(jax.tree.map(lambda x: x * 10, ux.checked(lamb)), params, lamb.init(params),
+                                     params)
+    with pytest.raises(checkify.JaxRuntimeError, match=r"scale_by_adam\(b1=9\.0\): b1 must be in \[0, 1\)"):
+        err.throw()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import math
 import numbers
 import typing
 from collections.abc import Callable, Iterator, Mapping

@@ -143,6 +143,8 @@ def _run(stages: Sequence[Stage], updates: Any, state: Any, params: Any,
     new_state, i = [], 0
     while i < len(stages):
         run, width = _fused.find(stages[i:], params)
+        for stage in stages[i:i + width]:
+            stage.validate("an update object rebuilt by a tree map")
         if run is None:
             updates, stage_state = stages[i].apply(updates, state[i], params, extra)
             new_state.append(stage_state)

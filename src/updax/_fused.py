@@ -28,8 +28,9 @@ def register_fused_path(names: Sequence[str], run: FusedRun) -> None:
     ``run(stages, updates, states, params, extra) -> (updates, new_states)``
     must return exactly what applying the stages one after another returns;
     it may fall back to ``stage.apply`` for inputs it does not handle. It is
-    used only when none of the stages has a scheduled or held option and
-    params are given.
+    used only when none of the stages has a scheduled or held option or is
+    checked (:func:`updax.checked`), and params are given; the stages'
+    options are checked against their declarations before it runs.
     """
     _PATHS.append((tuple(names), run))
 
@@ -47,6 +48,6 @@ def find(stages: Sequence[Stage], params: Any) -> tuple[FusedRun | None, int]:
         width = len(names)
         prefix = stages[:width]
         if (len(prefix) == width and all(s.name == n for s, n in zip(prefix, names))
-                and not any(s.in_state for s in prefix)):
+                and not any(s.in_state or s.checked for s in prefix)):
             return run, width
     return None, 1

@@ -33,7 +33,7 @@ import numpy as np
 
 from updax import _tree
 from updax._domains import Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, is_concrete, message
-from updax._options import Frozen, canonical, format_value, function_name, is_dynamic, is_number, key_of, keywords
+from updax._options import Frozen, canonical, format_value, is_dynamic, is_number, key_of, keywords
 
 __all__ = ["Declaration", "EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates",
            "reserve_name", "without_examples"]
@@ -502,11 +502,20 @@ class Stage:
             self._check_values(values, self.scheduled, f"the value its schedule returned {at}")
         return values
 
+    def _check_traced(self, values: Mapping[str, Any]) -> None:
+        """Where the stage is checked (:func:`updax.checked`), the options traced under ``jax.jit`` (the object an
+        argument of the step) against their domains, through ``checkify``."""
+        if self.checked:
+            traced = [k for k in self.dynamic - self.in_state if not is_concrete(values[k])
+                      and not _is_pipeline(values[k]) and is_number(values[k])]
+            self._check_values(values, traced, "an option traced under jax.jit")
+
     def init(self, params: Any) -> Any:
         """The stage's initial state for ``params``."""
         self.validate("an update object rebuilt by a tree map")
         count = _tree.zero_count()
         values = self._values(count)
+        self._check_traced(values)
         state = EmptyState() if self.init_fn is None else self.init_fn(params, **self._kwargs(self.init_fn, values))
         if not self.in_state:
             return state
@@ -530,10 +539,7 @@ class Stage:
         if self.held:
             values.update({k: outer.hyperparams[k] for k in self.held})
             self._check_values(values, self.held, "held in the state")
-        if self.checked:
-            traced = [k for k in self.dynamic - self.in_state if not is_concrete(values[k])
-                      and not _is_pipeline(values[k]) and is_number(values[k])]
-            self._check_values(values, traced, "an option traced under jax.jit")
+        self._check_traced(values)
         kwargs = self._kwargs(self.apply_fn, {**extra, **values})
         given = without_examples(self.label, updates) if self.per_example else updates
         with checking(self.checked):

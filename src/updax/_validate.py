@@ -5,47 +5,21 @@ the domains of :mod:`updax._domains`: one checker, one message format, e.g.
 
 A stage's options are not checked here: the stage declares their domains
 (``stateful(..., domains=...)``) and the stage checks them on every path.
-:func:`real` and the checks built on it accept a schedule (a callable
-``count -> value``); :func:`number` accepts numbers only.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from updax._domains import UNIT, Flag, FloatDtype, Function, Integer, Real, fail
-
-
-def real(call: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
-         lo_open: bool = False, hi_open: bool = False) -> Any:
-    """A real scalar hyperparameter in an interval, or a schedule for it (:class:`updax.domains.Real`)."""
-    return Real(lo, hi, lo_open, hi_open).check(call, name, value, schedulable=True)
+from updax._domains import Flag, Integer, Real, fail
 
 
 def number(call: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
            lo_open: bool = False, hi_open: bool = False) -> Any:
     """A finite real scalar in an interval, never a schedule (:class:`updax.domains.Real`)."""
     return Real(lo, hi, lo_open, hi_open).check(call, name, value)
-
-
-def unit(call: str, name: str, value: Any) -> Any:
-    """A decay rate in [0, 1)."""
-    return UNIT.check(call, name, value, schedulable=True)
-
-
-def nonnegative(call: str, name: str, value: Any) -> Any:
-    return real(call, name, value, 0.0)
-
-
-def positive(call: str, name: str, value: Any) -> Any:
-    return real(call, name, value, 0.0, lo_open=True)
 
 
 def integer(call: str, name: str, value: Any, low: int = 0, high: int | None = None, why: str = "") -> int:
@@ -72,23 +46,3 @@ def flag(call: str, name: str, value: Any) -> bool:
     return Flag().check(call, name, value)
 
 
-def late_flag(call: str, name: str, value: Any, default: bool = False) -> bool | None:
-    """:func:`flag` for an option added after its stage: stored as None at its default
-    (:class:`updax.domains.Flag` with ``late=True``)."""
-    return Flag(late=True, default=default).check(call, name, value)
-
-
-def function(call: str, name: str, value: Any) -> Any:
-    return Function().check(call, name, value)
-
-
-def mask(call: str, name: str, value: Any) -> Any:
-    """None, a function of the params, or a pytree of bools (:class:`updax._masks.Mask`)."""
-    from updax._masks import Mask
-
-    return Mask().check(call, name, value)
-
-
-def float_dtype(call: str, name: str, value: Any) -> str | None:
-    """None (the default: at least float32) or a floating dtype, kept as its name."""
-    return FloatDtype().check(call, name, value)
