@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import numbers
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -183,9 +184,15 @@ class Real(Domain):
             fail(call, name, value, "must be a real number (it cannot be a schedule here)", TypeError)
         else:
             fail(call, name, value, "must be a real number", TypeError)
-        if self._outside(np.asarray(concrete)):
+        if not math.isfinite(concrete) or self._outside_scalar(concrete):
             self._refuse(call, name, value)
         return value
+
+    def _outside_scalar(self, x: float) -> bool:
+        """:meth:`_outside` for one finite Python float (the constructor's case: no NumPy on the way)."""
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return True
+        return self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi)
 
     def check_values(self, call: str, name: str, values: Any, where: str) -> None:
         x = _numeric(values)

@@ -6,6 +6,7 @@ sentence naming updax's spelling; anything else keeps Python's own error.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -45,13 +46,22 @@ OPTAX_NAMES = {
 def check_keywords(call: str, fn: Callable[..., Any], kwargs: dict) -> None:
     """Raises a TypeError with updax's spelling for a keyword of ``kwargs`` that ``fn`` does not take and optax
     spells that way; other unknown keywords are left to Python's own error."""
-    parameters = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+    parameters = _parameters(fn)
+    if parameters is None:
         return
     for key in kwargs:
         if key not in parameters and key in OPTAX_OPTIONS:
             raise TypeError(f"{call}() got an unexpected keyword argument {key!r}: optax's name; updax's is "
                             f"{OPTAX_OPTIONS[key]} ({call}({OPTAX_OPTIONS[key].split()[0]}=...))")
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The names ``fn`` takes, or None when it takes ``**kwargs`` (read once per function)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters)
 
 
 def missing_name(module: str, name: str) -> AttributeError:

@@ -21,14 +21,16 @@ def optimizer(fn: Callable[..., Update]) -> Callable[..., Update]:
     :data:`updax.domains.LEARNING_RATE` in its own name (a negative, NaN or
     infinite rate is refused: ``adam(learning_rate=-0.1): learning_rate must
     be in [0, inf)...``), and an option spelt as optax spells it gets a hint."""
-    signature = inspect.signature(fn)
+    names = list(inspect.signature(fn).parameters)
+    position = names.index("learning_rate") if "learning_rate" in names else None
 
     @functools.wraps(fn)
     def build(*args: Any, **kwargs: Any) -> Update:
         check_keywords(fn.__name__, fn, kwargs)
-        bound = signature.bind(*args, **kwargs)
-        if "learning_rate" in bound.arguments and bound.arguments["learning_rate"] is not None:
-            LEARNING_RATE.check(fn.__name__, "learning_rate", bound.arguments["learning_rate"], schedulable=True)
+        if position is not None:
+            given = args[position] if position < len(args) else kwargs.get("learning_rate")
+            if given is not None:
+                LEARNING_RATE.check(fn.__name__, "learning_rate", given, schedulable=True)
         return fn(*args, **kwargs)
 
     return build
