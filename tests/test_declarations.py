@@ -144,6 +144,25 @@ def test_replace_state_refuses_a_held_value_out_of_its_domain():
         adam.replace_state(adam.init(PARAMS), "scale_by_adam.b1", 1.5)
 
 
+def test_an_option_init_reads_is_not_held():
+    """Prodigy's ``estim_lr0`` starts its distance estimate at ``init`` (and is its d₀ after): held, a write
+    would disagree with the estimate ``init`` made from the old value, so it stays a constant and the write is
+    refused by name; the other numbers are held. The held object's first step equals the plain one's."""
+    plain = ux.scale_by_prodigy(estim_lr0=0.5)
+    opt = ux.hyperparams_in_state(plain)
+    assert opt.stages[0].held == {"learning_rate", "b1", "b2", "eps", "estim_lr_coef", "decay"}
+    assert "init_step" not in ux.hyperparams_in_state(ux.scale_by_dog()).stages[0].held
+    state = opt.init(PARAMS)
+    with pytest.raises(KeyError, match=r"estim_lr0 is read by init, which makes the state from it"):
+        opt.replace_state(state, "scale_by_prodigy.estim_lr0", 1.0)
+    grads = {"w": jnp.array([0.5, -1.0, 2.0])}
+    held_u, _ = opt.update(grads, state, PARAMS)
+    plain_u, _ = plain.update(grads, plain.init(PARAMS), PARAMS)
+    # the first step is d₀·g/|g|, up to float32 rounding of 1 - b2 (a Python float or a held float32)
+    for u in (held_u, plain_u):
+        np.testing.assert_allclose(u["w"], 0.5 * np.sign(grads["w"]), rtol=3e-5)
+
+
 def _written_in_place(state, value):
     """The state with the held learning rate set as a framework sets a variable: no updax call sees it."""
     state[0].hyperparams["learning_rate"] = value

@@ -24,6 +24,8 @@ import updax.schedules as uxs
 N = 40
 T = np.arange(N + 1, dtype=np.float64)
 RTOL, ATOL = 1e-5, 1e-7
+#: float32's smallest normal number.
+TINY = float(np.finfo(np.float32).tiny)
 
 
 @pytest.fixture(autouse=True)
@@ -528,6 +530,18 @@ def test_interpolating_schedules_are_exact_at_both_ends(schedule, at_start, at_e
     a polynomial eps schedule from 6e-8 to 2 started at eps = 0, and adadelta divided 0 by 0)."""
     assert float(schedule(0)) == np.float32(at_start)
     assert float(schedule(1000)) == np.float32(at_end)
+
+
+@pytest.mark.parametrize("schedule", [uxs.linear_schedule(TINY, TINY, 2),
+                                      uxs.polynomial_decay(TINY, end_value=TINY, power=1.0, transition_steps=2),
+                                      uxs.warmup_constant(TINY, TINY, 2)], ids=["linear", "polynomial", "warmup"])
+def test_a_ramp_between_equal_ends_is_that_value_all_along(schedule):
+    """From float32's smallest normal to itself, the halves a·(1 - w) and b·w are subnormal and flushed to zero
+    on the CPU, eagerly: the value halfway was 0, outside the "> 0" of the option it fed (found by the long fuzz:
+    an rprop ``eta_minus`` schedule refused at its second step)."""
+    for count in range(4):
+        assert float(schedule(count)) == TINY
+        assert float(jax.jit(schedule)(count)) == TINY
 
 
 @pytest.mark.parametrize("schedule, exact", [

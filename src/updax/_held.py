@@ -22,6 +22,9 @@ def hyperparams_in_state(opt: Update) -> Update:
     in checkpoints. A scheduled option stays a schedule (part of the
     object); the value it took on the last step is in the state, readable by
     the same path. The object's own numbers are only the starting values.
+    An option ``init`` reads (an initial accumulator, DoG's first distance,
+    Prodigy's ``estim_lr0``) is spent making the state and stays a constant:
+    change it by building a new object and state.
 
     Args:
         opt: an update object. No default.

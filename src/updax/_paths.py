@@ -18,6 +18,7 @@ import numpy as np
 
 from updax import _tree
 from updax._domains import field_domain, fits_dtype, is_concrete, message
+from updax._options import keywords
 from updax._stage import ScheduledState, Stage
 
 __all__ = ["get_state", "replace_state"]
@@ -154,9 +155,12 @@ def replace_state(pipeline, state: Any, path: str, value: Any) -> Any:
         raise KeyError(f"replace_state({path!r}): {field} is a schedule, evaluated anew on every step; build the "
                        f"update object with another schedule instead")
     if where == "option":
+        if stage.init_fn is not None and field in (keywords(stage.init_fn) or ()):
+            raise KeyError(f"replace_state({path!r}): {field} is read by init, which makes the state from it, so "
+                           f"it is not kept in the state; build a new update object and state with the new value")
+        held = "" if stage.held else ", or keep the hyperparameters in the state with ux.hyperparams_in_state(opt)"
         raise KeyError(f"replace_state({path!r}): {field} is a hyperparameter, not state; build the "
-                       f"update object with the new value (or a schedule) instead, or keep the hyperparameters "
-                       f"in the state with ux.hyperparams_in_state(opt)")
+                       f"update object with the new value (or a schedule) instead{held}")
     old = get_state(pipeline, state, path)
     if where == "scheduled":  # a held hyperparameter: the state's dtype and shape, its option's domain, relations
         value = _like(stage.label, field, old, value, [None])

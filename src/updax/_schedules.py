@@ -207,9 +207,11 @@ def _cosine(t, init, steps, alpha, exponent=1.0):
 
 
 def _lerp(a, b, w):
-    """``a·(1 - w) + b·w``: exactly ``a`` at ``w = 0`` and exactly ``b`` at ``w = 1``. (``a + (b - a)·w`` is not:
-    with ``|a|`` below ``b``'s rounding, ``(a - b) + b`` gives 0, so a schedule from 6e-8 to 2 would start at 0.)"""
-    return a * (1 - w) + b * w
+    """``a·(1 - w) + b·w``: exactly ``a`` at ``w = 0``, exactly ``b`` at ``w = 1``, and exactly ``a`` all along
+    where ``a = b`` (its halves could leave float32's normal range and be flushed to zero). (``a + (b - a)·w`` is
+    not exact at the ends: with ``|a|`` below ``b``'s rounding, ``(a - b) + b`` gives 0, so a schedule from 6e-8
+    to 2 would start at 0.)"""
+    return jnp.where(a == b, a, a * (1 - w) + b * w)
 
 
 def _polynomial(t, init, end, power, steps, begin):

@@ -354,12 +354,14 @@ class Stage:
     def holdable(self) -> frozenset[str]:
         """The options :func:`updax.hyperparams_in_state` keeps in the state: the numbers among the dynamic
         options that are not schedules (a schedule's value on the last step is in the state already), that the
-        update kernel reads (an option ``init`` alone reads, an initial accumulator, would change nothing
-        written there), and whose declared domain is numeric (a PRNG key seeds ``init``; it is not a number a
+        update kernel reads and the init kernel does not (an option ``init`` reads, an initial accumulator or
+        DoG's first distance, is spent making the state: written later it would disagree with the state made
+        from it), and whose declared domain is numeric (a PRNG key seeds ``init``; it is not a number a
         framework tunes)."""
         accepted = keywords(self.apply_fn)
+        spent = (keywords(self.init_fn) or frozenset()) if self.init_fn is not None else frozenset()
         return frozenset(k for k, v in self.options if k in self.dynamic and k not in self.scheduled and is_number(v)
-                         and not _is_key(v) and (accepted is None or k in accepted)
+                         and not _is_key(v) and (accepted is None or k in accepted) and k not in spent
                          and _numeric_domain(self.declaration.domain(k)))
 
     def _holding(self, convert: Callable[[Any], Any]) -> Stage:
@@ -583,7 +585,6 @@ class Stage:
 
     def __repr__(self) -> str:
         return self._arguments(with_wrapped=True)
-
 
 
 def without_examples(label: str, updates: Any) -> Any:
