@@ -331,13 +331,22 @@ def linear_schedule(a: float, b: float) -> Any:
     return ux.schedules.polynomial_decay(a, end_value=b, power=1.0, transition_steps=2)
 
 
+#: The smallest magnitude of a schedule's ends but 0: the value halfway, ``a/2 + b/2``, stays a normal float32
+#: (XLA on CPU flushes subnormals to zero, so ends at float32's smallest normal can meet at 0, outside "> 0").
+SCHEDULE_FLOOR = 2.0**-120
+
+
+def _schedule_ends(rng: Range, lo_floor: float | None) -> st.SearchStrategy[float]:
+    return reals(rng, lo_floor).filter(lambda x: x == 0 or abs(x) >= SCHEDULE_FLOOR)
+
+
 def numbers(rng: Range, *, schedulable: bool, lo_floor: float | None = None) -> st.SearchStrategy:
     """A documented value: a Python number, a float32 JAX scalar, or (where schedulable) a schedule."""
     if rng.integer:
         return integers(rng, lo_floor)
     forms = [reals(rng, lo_floor), reals(rng, lo_floor).map(lambda v: jnp.asarray(v, jnp.float32))]
     if schedulable:
-        forms.append(st.builds(linear_schedule, reals(rng, lo_floor), reals(rng, lo_floor)))
+        forms.append(st.builds(linear_schedule, _schedule_ends(rng, lo_floor), _schedule_ends(rng, lo_floor)))
         forms.append(reals(rng, lo_floor).map(ux.schedules.constant))
     return st.one_of(*forms)
 
@@ -393,6 +402,8 @@ def _leaf_tree(params, leaf_values: st.SearchStrategy) -> st.SearchStrategy:
 @_structural("*", "mask", "a pytree of bools shaped like the params, or a function of the params")
 def _masks(params):
     functions = st.sampled_from([_mask_matrices, _mask_all, _mask_none, _mask_alternate])
+    if params is None:  # a mask shaped like None params is None, refused as no mask at all (a function is not)
+        return functions
     return st.one_of(functions, _leaf_tree(params, st.booleans()))
 
 
@@ -406,6 +417,8 @@ def _trust_ratio_masks(params):
 def _labels(params):
     template = ENTRIES["partition"]().stages[0].option("labels")
     functions = st.sampled_from([template, _labels_alternate, _labels_adam])
+    if params is None:  # as for masks
+        return functions
     return st.one_of(functions, _leaf_tree(params, st.sampled_from(["adam", "sgd"])))
 
 
@@ -737,11 +750,20 @@ def check_finite(updates):
         assert np.all(np.isfinite(_as_float(leaf))), f"non-finite update {leaf}"
 
 
-def check_close(eager, jitted, *, same_non_finite=True):
-    """Equal up to rounding where finite (relative to the leaf's largest value), non-finite at the same places
-    (unless ``same_non_finite`` is False: a subnormal eps may be NaN under jit only, see EFFECTIVELY_ZERO)."""
+def storage_tolerance(opt: ux.Update) -> float:
+    """The tolerance of the narrowest dtype a stage stores state in (``mu_dtype``, ``state_dtype``, ...), else 0:
+    jit and eager may round a stored value to opposite neighbours, and every later step carries that rounding
+    (schedule_free's ``z`` in float16 moves ``y`` by the step ``z`` took as stored)."""
+    return max([_tolerance(value) for stage in _stages(opt) for key, value in stage.options
+                if key.endswith("_dtype") and value is not None], default=0.0)
+
+
+def check_close(eager, jitted, *, same_non_finite=True, storage=0.0):
+    """Equal up to rounding where finite (relative to the leaf's largest value, and at least ``storage``, the
+    state's), non-finite at the same places (unless ``same_non_finite`` is False: a subnormal eps may be NaN
+    under jit only, see EFFECTIVELY_ZERO)."""
     for x, y in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
-        tol = _tolerance(x.dtype)
+        tol = max(_tolerance(x.dtype), storage)
         a, b = _as_float(x), _as_float(y)
         finite = np.isfinite(a)
         if same_non_finite:
@@ -798,12 +820,14 @@ def _can_be_zero(value: Any) -> bool:
     return bool(np.any(np.abs(_over_steps(value)) < EFFECTIVELY_ZERO))
 
 
-#: The stages whose options keep a denominator off zero: all zero gives 0/0 = NaN on a zero gradient.
+#: The stages whose options keep a denominator off zero: all zero gives 0/0 = NaN on a zero gradient. A tuple
+#: of options guards as their product: it is zero where any of them is.
 ZERO_GUARDS = {
     **{name: ("eps", "eps_root") for name in ["scale_by_adam", "scale_by_belief", "scale_by_radam",
                                               "scale_by_amsgrad", "scale_by_nadam", "scale_by_novograd",
                                               "scale_by_adan"]},
     "scale_by_yogi": ("eps", "eps_root", "initial_accumulator_value"),
+    "scale_by_rms": ("eps", ("initial_scale", "decay")),  # (the initial v weighs decay^t·initial_scale)
     "scale_by_stddev": ("eps",),
     "scale_by_adamax": ("eps",),
     "scale_by_factored_rms": ("epsilon",),
@@ -816,8 +840,11 @@ ZERO_GUARDS = {
 
 
 def _unguarded(opt, params):
-    return any(stage.label in ZERO_GUARDS
-               and all(_can_be_zero(stage.option(key)) for key in ZERO_GUARDS[stage.label])
+    def zero(stage, guard):
+        keys = guard if isinstance(guard, tuple) else (guard,)
+        return any(_can_be_zero(stage.option(key)) for key in keys)
+
+    return any(stage.label in ZERO_GUARDS and all(zero(stage, guard) for guard in ZERO_GUARDS[stage.label])
                for stage in _stages(opt))
 
 
@@ -842,10 +869,12 @@ KNOWN_BUGS = {
                     _unguarded, ("finite",)),
     # Open bugs (strict-xfail reproductions at the end of this file: fixing one makes its test fail, asking
     # to delete its row here).
-    "STDDEV-CANCEL": Bug("scale_by_stddev's v - m^2 cancels where the variance vanishes (decay = 0 or tiny): "
-                         "it is clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
+    "STDDEV-CANCEL": Bug("scale_by_stddev's v - m^2 cancels where the variance vanishes (decay = 0 or tiny, "
+                         "or a steady gradient, whose variance decays as decay^t: below 0.5, 6 steps leave 1.6% "
+                         "of g^2, and float32's rounding of g^2 is past the tolerance relative to it): it is "
+                         "clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
                          "rsqrt(variance + eps) magnifies that beyond rounding",
-                         _stage_option_below("scale_by_stddev", "decay", 0.01), ("close",)),
+                         _stage_option_below("scale_by_stddev", "decay", 0.5), ("close",)),
 }
 
 
@@ -920,7 +949,7 @@ def test_fuzz(name, data):
                     check_finite(e)
                     check_finite(j)
                 if "close" not in relaxed:
-                    check_close(e, j, same_non_finite="finite" not in relaxed)
+                    check_close(e, j, same_non_finite="finite" not in relaxed, storage=storage_tolerance(opt))
 
         try:
             check_steps(relaxed)
@@ -957,8 +986,9 @@ def held_paths(opt: ux.Update, prefix: str = ""):
 
 
 def field_paths(opt: ux.Update, state, prefix: str = ""):
-    """``(path, value, domain)`` for every field of every stage's own state (not a nested pipeline's state, which
-    its own stages declare), with the domain its NamedTuple declares for it (None: only its dtype's rules)."""
+    """``(path, value, domains)`` for every field of every stage's own state (not a nested pipeline's state, which
+    its own stages declare), with the domain declared for each of the field's leaves (None: only its dtype's
+    rules)."""
     from updax._domains import field_domain
 
     counts: dict[str, int] = {}
@@ -973,10 +1003,24 @@ def field_paths(opt: ux.Update, state, prefix: str = ""):
             value = getattr(own, field)
             if field in fields_of_nested or not jax.tree.leaves(value):
                 continue
-            yield f"{path}.{field}", value, field_domain(type(own), field)
+            yield f"{path}.{field}", value, _declared(value, field_domain(type(own), field))
         for key, (field, inner) in nested.items():
             inner_state = getattr(own, field) if key is None else getattr(own, field)[key]
             yield from field_paths(inner, inner_state, f"{path}/" if key is None else f"{path}/{key}/")
+
+
+def _declared(value, domain) -> list:
+    """The domain each leaf of a state field's ``value`` is declared to hold, in flattening order: ``domain``,
+    or inside a state held in the field (sam's adversary's) what its NamedTuple declares for the field above."""
+    from updax._domains import field_domain
+
+    if hasattr(value, "_fields"):
+        return [d for name in value._fields
+                for d in _declared(getattr(value, name), field_domain(type(value), name) or domain)]
+    children = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)[0]
+    if len(children) == 1 and children[0] is value:
+        return [domain]
+    return [d for child in children for d in _declared(child, domain)]
 
 
 def _outside_real(domain) -> list[float]:
@@ -1063,13 +1107,14 @@ def test_fuzz_writes(name, data):
                 u_held, _ = _update(held, g, written, params, loss)
                 rebuilt = _with_option(opt, path, cast)
                 u_ref, _ = _update(rebuilt, g, rebuilt.init(params), params, loss)
-                check_close(u_ref, u_held)
+                check_close(u_ref, u_held, storage=storage_tolerance(opt))
         fields = list(field_paths(opt, opt.init(params)))
         if fields:
             state = opt.init(params)
-            path, old, domain = data.draw(st.sampled_from(fields), label="field")
+            path, old, domains = data.draw(st.sampled_from(fields), label="field")
             leaves = jax.tree.leaves(old)
             leaf = data.draw(st.integers(0, len(leaves) - 1), label="leaf")
+            domain = domains[leaf]
             value, inside = data.draw(written_values(domain, leaves[leaf].dtype), label=f"{path}[{leaf}] <-")
             if jnp.issubdtype(leaves[leaf].dtype, jax.dtypes.prng_key):
                 return
@@ -1089,7 +1134,7 @@ def test_fuzz_writes(name, data):
                 eager, eager_state = _update(opt, g, written, params, loss)
                 jitted, jitted_state = _jit_update(opt, g, written, params, loss)
                 check_structure(grads[0], eager, state, eager_state)
-                check_close(eager, jitted, same_non_finite=False)
+                check_close(eager, jitted, same_non_finite=False, storage=storage_tolerance(opt))
 
 
 def _with_option(opt: ux.Update, path: str, value) -> ux.Update:
@@ -1197,8 +1242,8 @@ def test_clip_casts_its_bound_to_the_leaf_dtype(delta):
     np.testing.assert_array_equal(np.asarray(out["w"], np.float32), [-1.0, 0.5, 1.0])
 
 
-#: One call per EPS-ZERO stage, each with every option ZERO_GUARDS names at 0 (the ends of their documented
-#: ranges). scale_by_rss is not one: it guards its zero sum of squares.
+#: One call per EPS-ZERO stage, each with every guard ZERO_GUARDS names at 0 (a product by one of its options;
+#: the ends of their documented ranges). scale_by_rss is not one: it guards its zero sum of squares.
 _UNGUARDED = {
     "scale_by_adam": lambda: ux.scale_by_adam(eps=0.0, eps_root=0.0),
     "scale_by_belief": lambda: ux.scale_by_belief(b1=0.0, eps=0.0, eps_root=0.0),
@@ -1209,6 +1254,7 @@ _UNGUARDED = {
     "scale_by_adan": lambda: ux.scale_by_adan(eps=0.0, eps_root=0.0),
     "scale_by_yogi": lambda: ux.scale_by_yogi(initial_accumulator_value=0.0, eps=0.0, eps_root=0.0),
     "scale_by_stddev": lambda: ux.scale_by_stddev(eps=0.0),
+    "scale_by_rms": lambda: ux.scale_by_rms(eps=0.0, initial_scale=1.0, decay=0.0),
     "scale_by_adamax": lambda: ux.scale_by_adamax(eps=0.0),
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(epsilon=0.0),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(eps=0.0),
@@ -1246,6 +1292,17 @@ def _finite_steps(opt, grads, steps, jit):
         updates, state = update(grads, state, grads)
         for leaf in jax.tree.leaves(updates):
             assert np.all(np.isfinite(leaf)), f"{opt!r}: {leaf}"
+
+
+@pytest.mark.xfail(strict=True, reason="STDDEV-CANCEL: v - m^2 in float32 cancels as the variance vanishes")
+def test_stddev_of_a_steady_gradient_is_its_closed_form():
+    """A steady gradient g with decay d: m = (1 - d^t)·g, v = (1 - d^t)·g², so v - m² = g²·d^t·(1 - d^t), and
+    the update g / sqrt(v - m²). At d = 0.25 and t = 6 it is 2.4e-4 of g²: eager float32 is 9e-5 off."""
+    opt, g, d = ux.scale_by_stddev(decay=0.25, eps=0.0, eps_in_sqrt=False), 17.0, 0.25
+    state = opt.init({"w": jnp.zeros(1)})
+    for t in range(1, 7):
+        u, state = opt.update({"w": jnp.asarray([g])}, state)
+        np.testing.assert_allclose(u["w"], [g / np.sqrt(g * g * d**t * (1 - d**t))], rtol=2e-5)
 
 
 def test_stddev_of_a_single_sample_is_finite_under_jit():
