@@ -66,11 +66,6 @@ def _compile_cache(config):
 
     if jax.config.jax_compilation_cache_dir:
         return
-    if config.getoption("hypothesis_profile", None) == "long":
-        # The long fuzz compiles thousands of programs, few of them twice, and loading one back has crashed a
-        # worker (a segfault in XLA's deserialization of an executable, jaxlib 0.10.2, once in a run of 20,000
-        # examples): no cache.
-        return
     # Every program, however quick to compile or small.
     config.stash[COMPILE_CACHE] = {"jax_compilation_cache_dir": tempfile.mkdtemp(prefix="updax-xla-cache-"),
                                    "jax_persistent_cache_min_compile_time_secs": 0.0,
