@@ -873,8 +873,12 @@ KNOWN_BUGS = {
                          "or a steady gradient, whose variance decays as decay^t: below 0.5, 6 steps leave 1.6% "
                          "of g^2, and float32's rounding of g^2 is past the tolerance relative to it): it is "
                          "clamped at 0 (so finite), but jit (an FMA) and eager round it differently, and "
-                         "rsqrt(variance + eps) magnifies that beyond rounding",
-                         _stage_option_below("scale_by_stddev", "decay", 0.5), ("close",)),
+                         "rsqrt(variance + eps) magnifies that beyond rounding. With bias_correction a steady "
+                         "gradient's corrected variance is exactly 0, whatever the decay: only rounding is left",
+                         lambda opt, params: (_stage_option_below("scale_by_stddev", "decay", 0.5)(opt, params)
+                                              or any(stage.label == "scale_by_stddev"
+                                                     and stage.option("bias_correction") for stage in _stages(opt))),
+                         ("close",)),
 }
 
 
