@@ -77,7 +77,7 @@ CATALOGUE = {
 #: adam/b1=0.5``): each a case where the option changes the program.
 OPTIONS = {
     # DCGAN's Adam. A decay of 0.5 makes both weights of a moving average the same number, which XLA factors out
-    # (updax.updates._kernels.complement).
+    # (updax._backend._half).
     "adam/b1=0.5": (lambda: O.adam(2e-4, b1=0.5, eps_root=0.0), lambda: optax.adam(2e-4, b1=0.5)),
     # Gradient accumulation: the inner step on every 3rd call, zeros otherwise (optax's MultiSteps); 3, so that
     # same_numbers' 3 steps include one that updates.

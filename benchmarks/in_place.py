@@ -7,8 +7,8 @@ Run from the repository root (``pip install -e ".[bench]"`` first)::
     python benchmarks/in_place.py --wrapped  # such stages inside masked, partition, ... (in_place_wrapped.*)
 
 For each optimizer whose pipeline has a stage that declares ``state_last``
-(updax._in_place), that computes a state field once before the params'
-kernel (``_in_place.computed_once``: COCOB's reward), or that traces its
+(updax._backend._order), that computes a state field once before the params'
+kernel (``_apart.computed_once``: COCOB's reward), or that traces its
 step again for the params' kernel (schedule-free), three jitted steps (``update`` then ``apply_updates``,
 params and state donated) are compiled and timed side by side, as in
 ``run.py``: updax's, updax's with the order switched off (what it compiled
@@ -17,7 +17,7 @@ the step times (median of the interleaved calls), the copies of full-size
 arrays and the temporary bytes in XLA's compiled program, the compile times
 (median of three a side),
 and whether the ordered step's params and state after 3 steps equal the
-unordered one's bit for bit (a step traced again, ``_in_place.recomputing``,
+unordered one's bit for bit (a step traced again, ``_apart.stored_step``,
 is another formula of the same step: its largest difference is given).
 Results go to
 ``benchmarks/results/in_place.json`` and ``in_place.md``.
@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 import updax as ux
-from updax import _in_place
+from updax._backend import _apart, _order
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402  (the side-by-side machinery of the main benchmark)
@@ -58,7 +58,7 @@ def _groups(params):
 
 #: Wrappers around a stage that declares ``state_last``, with optax's same pipeline: named with --optimizers (or
 #: --wrapped for all of them). Inside a wrapper the inner stage's field is ordered after the param its leaf
-#: belongs to (updax._in_place._ordered_stage); unordered is how updax compiled them before.
+#: belongs to (updax._backend._order._ordered_stage); unordered is how updax compiled them before.
 WRAPPED = {
     "masked(lion)": (lambda lr: ux.masked(ux.optimizers.lion(lr), _matrices),
                      lambda lr: optax.masked(optax.lion(lr), _matrices)),
@@ -73,9 +73,9 @@ WRAPPED = {
 }
 
 
-#: The optimizers whose stage computes a state field once, before the params' kernel (_in_place.computed_once).
+#: The optimizers whose stage computes a state field once, before the params' kernel (_apart.computed_once).
 COMPUTED_ONCE = ["cocob"]
-#: The optimizers whose stage traces a step a second time for the params' kernel (_in_place.recomputing).
+#: The optimizers whose stage traces a step a second time for the params' kernel (_apart.stored_step).
 RECOMPUTED = ["schedule_free_adamw"]
 
 
@@ -100,8 +100,8 @@ def _unordered_reading(token, old, new):
     return new
 
 
-def _itself(x):
-    return x
+def _not_again(fn):
+    return None
 
 
 def case(name, params, repeats):
@@ -109,21 +109,21 @@ def case(name, params, repeats):
     ours, theirs = WRAPPED[name] if name in WRAPPED else (getattr(ux.optimizers, name), OPTAX[name])
     ordered, theirs = ours(1e-3), theirs(1e-3)
     sides = {}
-    after_params, after_reading, computed_once, recomputed = (_in_place.after_params, _in_place.after_reading,
-                                                              _in_place.computed_once, _in_place.recomputed)
+    after_params, after_reading, computed_once, stored_step = (_order.after_params, _order.after_reading,
+                                                               _apart.computed_once, _apart.stored_step)
     options = (("updax", ordered), ("unordered", ordered), ("optax", theirs))
     # Three compiles a side, in rotating order, the median reported (one compile moves by 10-20% here).
     for turn in range(3):
         for side, opt in options[turn:] + options[:turn]:
-            _in_place.after_params = _unordered if side == "unordered" else after_params
-            _in_place.after_reading = _unordered_reading if side == "unordered" else after_reading
-            _in_place.computed_once = list if side == "unordered" else computed_once
-            _in_place.recomputed = _itself if side == "unordered" else recomputed
+            _order.after_params = _unordered if side == "unordered" else after_params
+            _order.after_reading = _unordered_reading if side == "unordered" else after_reading
+            _apart.computed_once = list if side == "unordered" else computed_once
+            _apart.stored_step = _not_again if side == "unordered" else stored_step
             try:
                 compiled, seconds, _, temp, _ = run.compile_step(opt, params, grads)
             finally:
-                _in_place.after_params, _in_place.after_reading = after_params, after_reading
-                _in_place.computed_once, _in_place.recomputed = computed_once, recomputed
+                _order.after_params, _order.after_reading = after_params, after_reading
+                _apart.computed_once, _apart.stored_step = computed_once, stored_step
             entry = sides.setdefault(side, {"init": opt.init(params), "compiles_s": [], "temp_mb": temp / 2**20,
                                             "copies": run.kernels(compiled)["copies"]})
             entry["compiled"] = compiled

@@ -37,7 +37,7 @@ import updax as ux
 from registry import ENTRIES, updates_for
 
 #: Each param's partition spec: both mesh axes, one, none, and a None leaf; ``w2`` shares ``w``'s shape and
-#: spec (LAMB traces such leaves once, updax.updates._fused_lamb).
+#: spec (LAMB traces such leaves once, updax._backend._lamb).
 SPECS = {"w": P("data", "model"), "w2": P("data", "model"), "layers": [P(None, "data", None), (P("model"), None)],
          "s": P()}
 SHAPES = {"w": (8, 4), "w2": (8, 4), "layers": [(2, 4, 3), ((4,), None)], "s": ()}
@@ -193,7 +193,7 @@ def zero1(axis_type, name="zero1"):
     """ZeRO-1: params replicated over 8 devices, adamw's state split over the data axis by zero1_shardings; the
     same params as the replicated run, the params stay replicated, the state stays split, and each device holds
     an eighth of the moments. As ``zero1_lion``, the same with lion, whose momentum is written after the
-    params' update (updax._in_place: its order must follow the state's sharding, not the params')."""
+    params' update (updax._backend._order: its order must follow the state's sharding, not the params')."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
     replicated = NamedSharding(mesh, P())
     rng = np.random.default_rng(0)

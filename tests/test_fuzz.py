@@ -1301,10 +1301,11 @@ def _finite_steps(opt, grads, steps, jit):
 @pytest.mark.xfail(strict=True, reason="STDDEV-CANCEL: v - m^2 in float32 cancels as the variance vanishes")
 def test_stddev_of_a_steady_gradient_is_its_closed_form():
     """A steady gradient g with decay d: m = (1 - d^t)·g, v = (1 - d^t)·g², so v - m² = g²·d^t·(1 - d^t), and
-    the update g / sqrt(v - m²). At d = 0.25 and t = 6 it is 2.4e-4 of g²: eager float32 is 9e-5 off."""
+    the update g / sqrt(v - m²). At d = 0.25 and t = 8 it is 1.5e-5 of g²: float32 is 1.7e-3 off (eagerly, where
+    the rule runs as the jitted step's program, as under jax.jit)."""
     opt, g, d = ux.scale_by_stddev(decay=0.25, eps=0.0, eps_in_sqrt=False), 17.0, 0.25
     state = opt.init({"w": jnp.zeros(1)})
-    for t in range(1, 7):
+    for t in range(1, 9):
         u, state = opt.update({"w": jnp.asarray([g])}, state)
         np.testing.assert_allclose(u["w"], [g / np.sqrt(g * g * d**t * (1 - d**t))], rtol=2e-5)
 

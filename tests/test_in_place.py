@@ -3,7 +3,7 @@
 With the params and the state donated, XLA updates both in place. When the
 params' update reads a state field's old value (Lion's momentum), XLA copies
 that field first unless its new value is computed after the params' kernel
-(updax._in_place). The tests read XLA's own compiled program: its copies and
+(updax._backend). The tests read XLA's own compiled program: its copies and
 its temporary buffers. optax's steps for the same rules make those copies,
 which is the counter-case here.
 """
@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import updax as ux
-from updax import _in_place
+from updax._backend import _apart, _half, _order, _switch
 
 
 def params(dtype=jnp.float32):
@@ -42,10 +42,10 @@ DECLARING = sorted(name for name in ux.optimizers.__all__
                    if name not in ("lbfgs", "polyak_sgd", "dpsgd")  # (they need an objective, a loss, examples)
                    and any(stage.state_last for stage in getattr(ux.optimizers, name)(1e-3).stages))
 #: The optimizers written in place by computing a state field once, before the params' kernel
-#: (updax._in_place.computed_once).
+#: (updax._backend._apart.computed_once).
 COMPUTED_ONCE = ["cocob"]
 #: The optimizers written in place by tracing a step a second time for the params' kernel, which then reads the
-#: state's new value rather than its old one (updax._in_place.recomputing); and all of them.
+#: state's new value rather than its old one (updax._backend._apart.stored_step); and all of them.
 RECOMPUTED = ["schedule_free_adamw"]
 IN_PLACE = sorted(DECLARING + COMPUTED_ONCE + RECOMPUTED)
 
@@ -86,11 +86,13 @@ def _unordered(stages, old, new, params, updates):
 
 
 def switch_order_off(patch):
-    """Switches the order off (``patch``: pytest's monkeypatch): after the params' update and after a reduction."""
-    patch.setattr(_in_place, "after_params", _unordered)
-    patch.setattr(_in_place, "after_reading", lambda token, old, new: new)
-    patch.setattr(_in_place, "computed_once", list)
-    patch.setattr(_in_place, "recomputed", lambda x: x)
+    """Switches the order off (``patch``: pytest's monkeypatch): after the params' update, after a reduction, a
+    value computed once and a step traced again from the stored state. (``accumulate_gradients``' step on every
+    call and ``apply_if_finite``'s check traced apart stay: tests below switch them off on their own.)"""
+    patch.setattr(_order, "after_params", _unordered)
+    patch.setattr(_order, "after_reading", lambda token, old, new: new)
+    patch.setattr(_apart, "computed_once", list)
+    patch.setattr(_apart, "stored_step", lambda fn: None)
 
 
 def test_the_declaring_optimizers_are_the_ones_optax_copies_for():
@@ -383,19 +385,26 @@ def test_a_user_stage_is_ordered_and_a_wrong_field_is_named(monkeypatch):
         step_fn(scalar)(p, scalar.init(p), p)
 
 
-def test_a_marked_value_is_itself_outside_a_second_trace_and_the_same_bits_inside():
+def test_a_step_traced_again_from_the_stored_state_has_the_same_bits():
+    """``stored_step`` runs the step again with each value the state stores read through ``x / 1``: the same bits,
+    in an expression of its own; None where the step reads nothing the state stores."""
     x = jnp.asarray(np.random.default_rng(1).normal(size=100).astype(np.float32)) ** 2
-    assert _in_place.recomputed(x) is x  # eagerly, and (below) traced outside the context: untouched
-    assert "div" not in str(jax.make_jaxpr(_in_place.recomputed)(x))
+
+    def step(x):
+        v = 0.9 * x + 0.1 * x * x  # (stored, and read by the step)
+        return jnp.sqrt(v) + 1e-8, v
 
     def again(x):
-        with _in_place.recomputing() as marks:
-            y = _in_place.recomputed(x)
-        assert list(marks) == [x.dtype]
-        return jnp.sqrt(y), jnp.sqrt(x)
+        return _apart.stored_step(lambda: step(x)), step(x)[0]
 
+    text = str(jax.make_jaxpr(again)(x))
+    assert "optimization_barrier" in text and "div" in text
     marked, plain = jax.jit(again)(x)
     np.testing.assert_array_equal(marked, plain)
+    assert jax.jit(lambda x: _apart.stored_step(lambda: (jnp.sqrt(x), x + 1)) is None)(x) is not None  # (traced)
+    seen = []
+    jax.jit(lambda x: seen.append(_apart.stored_step(lambda: (jnp.sqrt(x), x + 1))) or x)(x)
+    assert seen == [None]  # (the step reads nothing the state stores)
 
 
 def test_a_step_with_an_effect_is_traced_once():
@@ -421,7 +430,7 @@ def test_a_step_with_an_effect_is_traced_once():
 
 
 #: Options that are an exponential moving average's decay, each at 0.5: the weights of the old and the new value
-#: are then the same number, which XLA's simplifier factors out (updax.updates._kernels.complement). These are
+#: are then the same number, which XLA's simplifier factors out (updax._backend._half). These are
 #: all the options named b1, b2, b3, beta, decay or momentum of updax.optimizers whose step copied state at 0.5
 #: and not at 0.25 (32 of 20 optimizers) before the weights were kept apart.
 HALF = [("adabelief", "b1"), ("adam", "b1"), ("adam", "b2"), ("adamw", "b1"), ("adamw", "b2"), ("lamb", "b1"),
@@ -435,10 +444,7 @@ HALF = [("adabelief", "b1"), ("adam", "b1"), ("adam", "b2"), ("adamw", "b1"), ("
 
 def _factored(monkeypatch):
     """The weights as plain numbers again, which XLA factors: ``0.5·(old + new)``."""
-    from updax.updates import _kernels, _moving_averages
-    for module in (_kernels, _moving_averages):
-        monkeypatch.setattr(module, "complement",
-                            lambda decay, like, dtype=None, default=None: 1 - decay if default is None else default)
+    monkeypatch.setattr(_half, "opaque_halves", lambda declaration, values, updates: values)
 
 
 @pytest.mark.parametrize(("name", "option"), HALF, ids=[f"{n}-{o}" for n, o in HALF])
@@ -490,21 +496,26 @@ def test_optax_copies_at_one_half_and_updax_follows_it():
 
 
 def test_the_weight_is_hidden_only_where_it_would_be_factored():
-    from updax.updates._kernels import complement
+    """Only a declared decay (schedulable, its domain in [0, 1]) given as the number 0.5, and only traced with the
+    hints on: it becomes an opaque value of the same weak type; other values, and other options, stay numbers."""
+    declaration = ux.scale_by_adam(b1=0.5, b2=0.25).stages[0].declaration
+    values = {"b1": 0.5, "b2": 0.25, "eps": 0.5, "eps_root": 0.0}
     x = jnp.ones(3)
-    assert complement(0.9, x) == pytest.approx(0.1) and complement(0.5, x) == 0.5  # (eager: numbers)
+    assert _half.opaque_halves(declaration, values, x) is values  # (eager: numbers)
     seen = {}
 
     @jax.jit
-    def f(x, b):
-        seen["half"], seen["other"], seen["traced"] = complement(0.5, x), complement(0.25, x), complement(b, x)
+    def f(x):
+        seen.update(_half.opaque_halves(declaration, values, x))
         return x
 
-    f(x, 0.5)
-    assert isinstance(seen["half"], jax.core.Tracer) and seen["half"].dtype == x.dtype
-    assert seen["other"] == 0.75 and isinstance(seen["traced"], jax.core.Tracer)  # (a traced decay: 1 - b, as is)
-    assert "optimization_barrier" in str(jax.make_jaxpr(lambda x: complement(0.5, x))(x))
-    assert "optimization_barrier" not in str(jax.make_jaxpr(lambda x, b: complement(b, x))(x, 0.5))
+    f(x)
+    assert isinstance(seen["b1"], jax.core.Tracer) and jax.typeof(seen["b1"]).weak_type
+    assert (seen["b2"], seen["eps"], seen["eps_root"]) == (0.25, 0.5, 0.0)  # (eps's domain is not a decay's)
+    assert "optimization_barrier" in str(jax.make_jaxpr(lambda x: _half.opaque_halves(declaration, values, x))(x))
+    with ux.backend_hints(False):
+        assert "optimization_barrier" not in str(
+            jax.make_jaxpr(lambda x: _half.opaque_halves(declaration, values, x))(x))
 
 
 def test_apply_if_finite_selects_rather_than_store_its_outputs_apart():
@@ -526,7 +537,7 @@ def test_apply_if_finite_selects_rather_than_store_its_outputs_apart():
 
 def _check_once(monkeypatch):
     """Switches apply_if_finite's second trace off: the check then reads the inner step's own result."""
-    monkeypatch.setattr(_in_place, "traced_apart", lambda fn, *trees: None)
+    monkeypatch.setattr(_apart, "traced_apart", lambda fn, *trees: None)
 
 
 def test_apply_if_finite_checks_an_elementwise_step_computed_again_and_writes_the_state_in_place(monkeypatch):
@@ -540,7 +551,7 @@ def test_apply_if_finite_checks_an_elementwise_step_computed_again_and_writes_th
     assert copies(opt, params()) == []
     assert temporaries(opt, params()) < size / 2
     assert "optimization_barrier" in lowered(opt, params())
-    monkeypatch.setattr(_in_place, "after_params", _unordered)
+    monkeypatch.setattr(_order, "after_params", _unordered)
     assert sorted(copies(opt, params())) == ["128", "128", "32,16", "32,16", "64,128", "64,128"]
     monkeypatch.undo()
     _check_once(monkeypatch)
@@ -661,7 +672,7 @@ def test_accumulate_gradients_steps_an_elementwise_pipeline_on_every_call_and_ke
     assert temporaries(opt, params()) < size  # (skip_not_finite's count, in 32-bit integers)
     selected = _run_donated(opt, calls)
     with monkeypatch.context() as patch:
-        patch.setattr(_in_place, "traced_pure", lambda fn: None)
+        patch.setattr(_apart, "traced_pure", lambda fn: None)
         assert re.search(r"stablehlo\.(case|if)", lowered(opt, params()))
         assert temporaries(opt, params()) > 2 * size
         conditional = _run_donated(opt, calls)

@@ -1,19 +1,19 @@
-"""The jitted step on a backend other than the CPU: the same numbers as the CPU's.
+"""The generic path (the backend's hints off, as on any backend but the CPU): the same numbers as the CPU's.
 
-Traced for the CPU, updax orders XLA's kernels so that a donated step writes
-its state in place (updax._in_place), runs LAMB leaf after leaf, and lets
-``apply_if_finite``, ``accumulate_gradients`` and schedule-free averaging
-compute their steps again or select rather than store. Every such
-branch asks ``updax._tree.traced_for_cpu``. On a GPU it is false, and the
-same jitted step takes the other branch, which this machine otherwise runs
-only eagerly: these tests trace the step with it false, as a GPU does, and
-compare it with the CPU's step, over every catalogue entry and optimizer.
+Traced for the CPU, updax's backend seam (updax._backend) orders XLA's
+kernels so that a donated step writes its state in place, runs LAMB leaf
+after leaf, and lets ``apply_if_finite``, ``accumulate_gradients`` and
+schedule-free averaging compute their steps again or select rather than
+store. Every such hint asks ``updax._backend._switch.hinted``. On a GPU it
+is false, and so it is with ``ux.backend_hints(False)``: the same jitted
+step takes the generic path, which these tests trace and compare with the
+CPU's step, over every catalogue entry and optimizer.
 
 Which entries have a CPU path is pinned (``CPU_PATHS``): an entry whose
 traced program does not change when the branch is switched has nothing to
 compare, and a new CPU path must be added there, so that it is compared too.
-(No jitted function inside updax asks ``traced_for_cpu`` on a path the
-switched trace takes, so JAX's caches of inner traces cannot mix the two.)
+(No jitted function inside updax asks ``hinted`` on a path the switched
+trace takes, so JAX's caches of inner traces cannot mix the two.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import pytest
 
 import updax as ux
 from registry import ENTRIES, nested_tree, updates_for
-from updax import _tree
 
 LOSS = 1.0
 STEPS = 3
@@ -71,11 +70,9 @@ CPU_PATHS = {
     "optimizers.adabelief", "optimizers.adan", "optimizers.adopt", "optimizers.cocob", "optimizers.dadapt_adamw",
     "optimizers.lamb", "optimizers.lion", "optimizers.optimistic_adam", "optimizers.optimistic_gradient_descent",
     "optimizers.schedule_free_adamw", *EXTRA,
+    # a declared decay (a schedulable option whose domain lies in [0, 1]) at 0.5, made opaque (updax._backend._half)
+    "trace_nesterov", "lookahead", "sam", "reduce_on_plateau", "scale_by_rprop", "optimizers.rprop",
 }
-
-
-def _cpu_path_off(tree):
-    return False
 
 
 def _step(opt):
@@ -98,12 +95,9 @@ def _run(opt, params, state, grads):
     return params, state
 
 
-def _program(opt, params, state, grads, traced_for_cpu=None):
-    """The step's jaxpr as text, traced as for the CPU or, with ``traced_for_cpu=_cpu_path_off``, as for another
-    backend."""
-    with pytest.MonkeyPatch.context() as patched:
-        if traced_for_cpu is not None:
-            patched.setattr(_tree, "traced_for_cpu", traced_for_cpu)
+def _program(opt, params, state, grads, hints=True):
+    """The step's jaxpr as text, traced as for the CPU or, with ``hints=False``, on the generic path."""
+    with ux.backend_hints(hints):
         return str(jax.make_jaxpr(_step(opt))(params, state, grads[0]))
 
 
@@ -113,19 +107,19 @@ def test_the_cpu_paths_are_the_listed_ones(name):
     for every backend, and so give the same numbers on all of them."""
     opt = TARGETS[name]()
     params, state, grads = _inputs(opt)
-    cpu, other = _program(opt, params, state, grads), _program(opt, params, state, grads, _cpu_path_off)
+    cpu, other = _program(opt, params, state, grads), _program(opt, params, state, grads, hints=False)
     assert (cpu != other) == (name in CPU_PATHS), name
 
 
 @pytest.mark.parametrize("name", sorted(CPU_PATHS))
-def test_the_step_traced_for_another_backend_gives_the_cpus_numbers(name, monkeypatch):
+def test_the_step_traced_for_another_backend_gives_the_cpus_numbers(name):
     """Params and state after 3 jitted steps (update and apply_updates in one jit, as in training), traced as for
     the CPU and as for another backend: equal to float32 rounding, leaf by leaf, dtypes and shapes kept."""
     opt = TARGETS[name]()
     params, state, grads = _inputs(opt)
     cpu = _run(opt, params, state, grads)
-    monkeypatch.setattr(_tree, "traced_for_cpu", _cpu_path_off)
-    other = _run(opt, params, state, grads)
+    with ux.backend_hints(False):
+        other = _run(opt, params, state, grads)
     assert jax.tree.structure(cpu) == jax.tree.structure(other)
     for a, b in zip(jax.tree.leaves(cpu), jax.tree.leaves(other)):
         assert a.dtype == b.dtype and a.shape == b.shape, name

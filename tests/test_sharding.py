@@ -195,7 +195,7 @@ def test_zero1_splits_the_state_and_keeps_the_numbers(sharded_run, mesh):
 
 @pytest.mark.parametrize("mesh", ["Explicit", "Auto"])
 def test_zero1_keeps_lions_in_place_order_and_its_numbers(sharded_run, mesh):
-    """Lion's momentum is written after the params' update (updax._in_place), read from the update's split sum:
+    """Lion's momentum is written after the params' update (updax._backend._order), read from the update's split sum:
     on an Explicit mesh too, where a select of differently placed operands is refused."""
     result = sharded_run()["zero1_lion", mesh]
     assert not result["problems"], result["problems"]

@@ -1,14 +1,12 @@
-"""What a step costs before it runs: the programs an eager ``update`` compiles, and the fast-tracing arithmetic.
+"""What a step costs before it runs: the programs an eager ``update`` compiles, and a rule traced once per kind of leaf.
 
-Eagerly, every jax.numpy operation compiles a small program per distinct
-operand signature (shapes, dtypes, weak types, and the order of a scalar
-and an array), so the first ``update`` on a model of many leaf shapes is
-mostly compilation. The kernels write each operation one way (a scalar
-times an array, an array plus a scalar) and take Adam's direction for the
-whole tree in one jitted function, as optax takes its bias correction.
-These tests count the programs the first eager step compiles, against
-optax's for the same rule, and check that the lax helpers the kernels use to
-trace fast compute what jax.numpy's operators compute.
+A catalogue rule is written for one leaf, in the paper's infix arithmetic;
+:mod:`updax._leafwise` runs it over the trees, tracing it once per leaf
+signature (shape, dtype, weak type, sharding) and, eagerly, running it as
+one compiled program per signature, kept from step to step. These tests
+count the traces and the programs (the first eager step against optax's for
+the same rule) and check that running one trace for many leaves gives what
+tracing each leaf gives, derivatives included.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import optax
 import pytest
 
 import updax as ux
+from updax import _leafwise
 from updax.updates import _kernels
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -59,7 +58,6 @@ RECIPES = {
     "adamw": (lambda: O.adamw(1e-3, eps_root=0.0, decay=1e-4), lambda: optax.adamw(1e-3, weight_decay=1e-4)),
     "clip+adamw": (lambda: ux.clip_by_global_norm(1.0).pipe(ux.compose, O.adamw(1e-3, eps_root=0.0, decay=1e-4)),
                    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=1e-4))),
-    "sgd+momentum": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
     "lion": (lambda: O.lion(1e-4, decay=1e-3), lambda: optax.lion(1e-4, weight_decay=1e-3)),
 }
 
@@ -75,136 +73,83 @@ def test_the_first_eager_step_compiles_no_more_programs_than_optax(recipe):
     assert 0 < n_ours <= n_theirs
 
 
-def test_adam_compiles_three_programs_per_leaf_shape_eagerly():
-    """The moments (a scalar times an array, a sum, a square) per shape; the direction once for the tree."""
+def test_adam_compiles_one_program_per_leaf_shape_eagerly_and_none_on_the_next_step():
+    """The rule of each leaf shape runs as one program (the jitted step's for that leaf), kept for the next step."""
     def count(shapes):
         params = [jnp.ones(s) for s in shapes]
         return _first_eager_step_programs(ux.scale_by_adam(), lambda p, u: u, params, params)
 
-    assert count([(3,), (4,), (5,), (6,)]) - count([(3,), (4,)]) == 2 * 3
+    assert count([(3,), (4,), (5,), (6,)]) - count([(3,), (4,)]) == 2
+    opt, params = ux.scale_by_adam(), [jnp.ones(3), jnp.ones(7)]
+    _, state = opt.update(params, opt.init(params))
+    with CompileLog() as log:
+        jax.block_until_ready(opt.update(params, state))
+    assert not log.programs
 
 
-# --------------------------------------------------------------------------
-# The lax helpers compute what jax.numpy's operators compute
-
-OPERANDS = {
-    "f32 arrays": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: jnp.asarray([0.1, 7.0, -3.0],
-                                                                                             jnp.float32)),
-    "f32 and a python float": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: 0.1),
-    "a python float and f32": (lambda: 0.999, lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32)),
-    "f32 and a 0-d f32": (lambda: jnp.asarray([1.5, -2.25, 3e-8], jnp.float32), lambda: jnp.float32(0.3)),
-    "f32 and a weak 0-d": (lambda: jnp.asarray([1.5, -2.25], jnp.float32), lambda: jnp.asarray(0.3)),
-    "bf16 and a python float": (lambda: jnp.asarray([1.5, -2.25], jnp.bfloat16), lambda: 0.1),
-    "complex and a python float": (lambda: jnp.asarray([1 + 2j, -3j], jnp.complex64), lambda: 0.5),
-    "f32 and a python int": (lambda: jnp.asarray([1.5, -2.25], jnp.float32), lambda: 3),
-    "f32 arrays that broadcast": (lambda: jnp.asarray([[1.5], [-2.25]], jnp.float32),
-                                  lambda: jnp.asarray([[0.1, 7.0, -3.0]], jnp.float32)),
-}
-
-
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("operands", sorted(OPERANDS))
-@pytest.mark.parametrize("name, reference", [("mul", lambda a, b: a * b), ("add", lambda a, b: a + b),
-                                             ("sub", lambda a, b: a - b), ("div", lambda a, b: a / b),
-                                             ("maximum", jnp.maximum), ("minimum", jnp.minimum)])
-def test_the_fast_helpers_equal_the_operators(name, reference, operands, jit):
-    a, b = (make() for make in OPERANDS[operands])
-    helper = getattr(_kernels, name)
-    run = (lambda f: jax.jit(f)(a, b)) if jit else (lambda f: f(a, b))
-    got, want = run(helper), run(reference)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-_VALUES = jnp.asarray([1.5, -2.25, jnp.nan, -0.0], jnp.float32)
-WHERE_OPERANDS = {
-    "a 0-d condition, two arrays": (lambda: jnp.bool_(True), lambda: _VALUES, lambda: -_VALUES),
-    "a 0-d condition, a python float": (lambda: jnp.bool_(False), lambda: 0.0, lambda: _VALUES),
-    "an array condition, a python float": (lambda: _VALUES > 0, lambda: _VALUES, lambda: 1.0),
-    "an array condition, a 0-d array": (lambda: _VALUES < 0, lambda: jnp.float32(7.0), lambda: _VALUES),
-    "a 0-d condition, a bf16 array": (lambda: jnp.bool_(True), lambda: 0.5, lambda: _VALUES.astype(jnp.bfloat16)),
-    "an f32 and a bf16 array": (lambda: jnp.bool_(True), lambda: _VALUES, lambda: _VALUES.astype(jnp.bfloat16)),
-    "arrays that broadcast": (lambda: jnp.bool_(True), lambda: _VALUES[:, None], lambda: _VALUES[None, :]),
-    "a condition that is not boolean": (lambda: jnp.asarray(1), lambda: _VALUES, lambda: 2.0),
-    "python numbers only": (lambda: jnp.bool_(False), lambda: 1.0, lambda: 2.0),
-}
-
-
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("operands", sorted(WHERE_OPERANDS))
-def test_the_fast_select_equals_jnp_where(operands, jit):
-    args = tuple(make() for make in WHERE_OPERANDS[operands])
-    run = (lambda f: jax.jit(f)(*args)) if jit else (lambda f: f(*args))
-    got, want = run(_kernels.where), run(jnp.where)
-    assert got.dtype == want.dtype and got.shape == want.shape and got.weak_type == want.weak_type
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    assert np.array_equal(np.signbit(np.asarray(got, np.float32)), np.signbit(np.asarray(want, np.float32)))
-
-
-@pytest.mark.parametrize("bounds", [(-1.0, 1.0), (jnp.float32(-0.5), jnp.float32(2.0)), (0.0, 0.0)])
-def test_the_fast_clip_equals_jnp_clip(bounds):
-    got, want = _kernels.clip(_VALUES, *bounds), jnp.clip(_VALUES, *bounds)
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-# --------------------------------------------------------------------------
-# One root for the tree
-
-
-def _custom_jvp_calls(fn, *args):
-    return sum(eqn.primitive.name == "custom_jvp_call" for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns)
-
-
-@pytest.mark.parametrize("opt", [ux.scale_by_adam(nesterov=True), ux.scale_by_belief(), ux.scale_by_radam(),
-                                 ux.scale_by_amsgrad(), ux.scale_by_adan(), ux.scale_by_adopt(),
-                                 ux.scale_by_ademamix(), ux.scale_by_simplified_ademamix()],
-                         ids=lambda opt: opt.stages[0].label)
-def test_the_rooted_kernels_take_one_root_for_the_whole_tree(opt):
-    """safe_sqrt's custom derivative traces a sub-program per call: the kernels call it once per tree, not once
-    per leaf (a step on 384 leaves traced about 0.7 ms a leaf faster, docs/performance.md)."""
+def test_momentum_compiles_its_rule_once_per_leaf_shape_eagerly():
+    """SGD with momentum: its rule (``t ← decay·t + g``) one program per leaf shape, the learning rate's product
+    and the params' sum one each: 3 per shape. optax compiles 2 per shape, its momentum's product sharing the
+    learning rate's program (one operand signature); updax's rule is one program whatever its length."""
     params = _model()
-    state = opt.init(params)
-    assert _custom_jvp_calls(lambda g, s: opt.update(g, s, params), params, state) == 1
+    n = _first_eager_step_programs(O.sgd(1e-2, momentum=0.9), ux.apply_updates, params,
+                                   jax.tree.map(lambda p: 0.01 * p, params))
+    assert n == 3 * 4
 
 
-def _rooted_pieces():
-    def before(g, m):
-        m = 0.5 * m + g
-        return m * m, g, m
-
-    def after(root, g, m):
-        return g / (root + 1e-3), m
-
-    return before, after
+# --------------------------------------------------------------------------
+# A rule traced once per kind of leaf
 
 
-def test_per_leaf_rooted_equals_one_function_per_leaf_bit_for_bit_with_a_finite_derivative_at_zero():
-    before, after = _rooted_pieces()
+def _rule(g, m):
+    m = 0.5 * m + g
+    return g / (_kernels.safe_sqrt(m * m) + 1e-3), m
 
-    def one_function(g, m):
-        radicand, *carry = before(g, m)
-        return after(_kernels.safe_sqrt(radicand), *carry)
 
-    g = {"a": jnp.asarray([0.0, 1.5, -3.0], jnp.float32), "b": [jnp.asarray([[2.0, -0.0]], jnp.bfloat16), None]}
+def test_a_rule_is_traced_once_per_leaf_signature():
+    calls = []
+
+    def counted(g, m):
+        calls.append(g.shape)
+        return _rule(g, m)
+
+    g = {"layers": [jnp.ones((4, 3)) for _ in range(10)], "b": [jnp.ones(3) for _ in range(5)], "s": jnp.ones(())}
+    m = jax.tree.map(jnp.zeros_like, g)
+    jax.jit(lambda g, m: _leafwise.per_leaf("test", counted, (g, m), ("updates", "state.m")))(g, m)
+    assert sorted(calls) == [(), (3,), (4, 3)]
+
+
+def test_one_trace_for_many_leaves_gives_each_leafs_numbers_and_a_finite_derivative_at_zero():
+    g = {"a": jnp.asarray([0.0, 1.5, -3.0], jnp.float32), "b": [jnp.asarray([[2.0, -0.0]], jnp.bfloat16), None],
+         "c": jnp.asarray([0.25, -1.0, 4.0], jnp.float32)}
     m = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), g)
     names = ("updates", "state.m")
     for jit in (False, True):
         wrap = jax.jit if jit else (lambda f: f)
-        got = wrap(lambda g, m: _kernels.per_leaf_rooted("test", before, after, (g, m), names))(g, m)
-        want = wrap(lambda g, m: _kernels.per_leaf("test", one_function, (g, m), names))(g, m)
+        got = wrap(lambda g, m: _leafwise.per_leaf("test", _rule, (g, m), names))(g, m)
+        want = wrap(lambda g, m: _each_on_its_own(g, m))(g, m)
         assert jax.tree.structure(got) == jax.tree.structure(want)
         for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert x.dtype == y.dtype
             np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
-    # The derivative through the root at a zero radicand is finite (g = 0 at a[0]), as per leaf.
-    grad = jax.grad(lambda g: jnp.sum(_kernels.per_leaf_rooted("test", before, after, (g, m), names)[0]["a"]))(g)
+    # The derivative through the root at a zero radicand is finite (g = 0 at a[0]).
+    grad = jax.grad(lambda g: jnp.sum(_leafwise.per_leaf("test", _rule, (g, m), names)[0]["a"]))(g)
     assert np.all(np.isfinite(np.asarray(grad["a"])))
 
 
-def test_per_leaf_rooted_names_the_call_and_path_of_a_mismatch_and_takes_an_empty_tree():
-    before, after = _rooted_pieces()
+def _each_on_its_own(g, m):
+    """``_rule`` leaf by leaf with a tree map (each leaf traced on its own), cast and stored as per_leaf does."""
+    def leaf(g, m):
+        c = jnp.promote_types(jnp.promote_types(g.dtype, m.dtype), jnp.float32)
+        u, m2 = _rule(g.astype(c), m.astype(c))
+        return u.astype(g.dtype), m2.astype(m.dtype)
+
+    pairs = jax.tree.map(leaf, g, m)
+    return (jax.tree.map(lambda g, pair: pair[0], g, pairs), jax.tree.map(lambda g, pair: pair[1], g, pairs))
+
+
+def test_per_leaf_names_the_call_and_path_of_a_mismatch_and_takes_an_empty_tree():
     with pytest.raises(ValueError, match=r"scale_by_x: state.m does not match updates: \['b'\] is in updates"):
-        _kernels.per_leaf_rooted("scale_by_x", before, after, ({"a": jnp.ones(2), "b": jnp.ones(2)},
-                                                                {"a": jnp.ones(2)}), ("updates", "state.m"))
-    assert _kernels.per_leaf_rooted("scale_by_x", before, after, ({}, {}), ("updates", "state.m")) == ({}, {})
+        _leafwise.per_leaf("scale_by_x", _rule, ({"a": jnp.ones(2), "b": jnp.ones(2)}, {"a": jnp.ones(2)}),
+                           ("updates", "state.m"))
+    assert _leafwise.per_leaf("scale_by_x", _rule, ({}, {}), ("updates", "state.m")) == ({}, {})

@@ -12,10 +12,12 @@ from updax._update import Update
 from updax.interop import from_optax, to_optax
 from updax.updates import *  # noqa: F403  (the catalogue is also reachable as updax.<name>)
 from updax.updates import __all__ as _catalogue
+from updax._backend import _lamb, _paths  # noqa: F401  (register the backend's hinted paths, by stage name)
+from updax._backend._switch import backend_hints
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "checked", "domains", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "backend_hints", "checked", "domains", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
 
 
 def __getattr__(name: str):

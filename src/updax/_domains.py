@@ -352,10 +352,13 @@ class Function(Domain):
         return value
 
 
-def _is_update(value: Any) -> bool:
-    from updax._update import Update  # (imported late: update objects are built on stages, which use domains)
+#: The class of update objects, set by :mod:`updax._update` when it is defined (update objects are built on stages,
+#: which use domains, so this module cannot import it).
+PIPELINE_TYPES: list[type] = []
 
-    return isinstance(value, Update)
+
+def _is_update(value: Any) -> bool:
+    return isinstance(value, tuple(PIPELINE_TYPES))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from updax import _fused, _in_place, _tree
+from updax import _fused, _tree
+from updax._backend import _order
 from updax._stage import Stage, check_stage_result, without_examples
 
 __all__ = ["init", "step"]
@@ -94,7 +95,7 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
     per-example updates), and a state of the structure and shapes
     ``init`` gives; each stage's result is checked against what it got. The
     outermost pipeline, given params, writes the state fields its stages
-    declare ``state_last`` after the params' update (:mod:`updax._in_place`).
+    declare ``state_last`` after the params' update (:mod:`updax._backend._order`).
     """
     stages = pipeline.stages
     updates = _tree.as_arrays("update", updates, "updates", floating=True)
@@ -118,7 +119,7 @@ def step(pipeline: Any, updates: Any, state: Any, params: Any, extra: Mapping[st
     with nested():
         updates, new_state = _run(stages, updates, state, params, extra)
     if outermost and params is not None:
-        new_state = _in_place.after_params(stages, tuple(state), new_state, params, updates)
+        new_state = _order.after_params(stages, tuple(state), new_state, params, updates)
     return updates, new_state
 
 

@@ -51,7 +51,7 @@ def hyperparams_in_state(opt: Update) -> Update:
     """
     if not isinstance(opt, Update):
         raise TypeError(f"hyperparams_in_state(opt={opt!r}): expected an update object")
-    return Update(stage._holding(hyperparams_in_state) for stage in opt.stages)
+    return opt.hyperparams_in_state()
 
 
 def checked(opt: Update) -> Update:
@@ -99,4 +99,4 @@ def checked(opt: Update) -> Update:
     """
     if not isinstance(opt, Update):
         raise TypeError(f"checked(opt={opt!r}): expected an update object")
-    return Update(stage._checking(checked) for stage in opt.stages)
+    return opt.checked()

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _tree
+from updax._backend import _half, _variants
 from updax._domains import Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, is_concrete, message
 from updax._options import Frozen, canonical, format_value, is_dynamic, is_number, key_of, keywords
 
@@ -542,14 +543,14 @@ class Stage:
             values.update({k: outer.hyperparams[k] for k in self.held})
             self._check_values(values, self.held, "held in the state")
         self._check_traced(values)
-        kwargs = self._kwargs(self.apply_fn, {**extra, **values})
+        kwargs = self._kwargs(self.apply_fn, {**extra, **_half.opaque_halves(self.declaration, values, updates)})
         given = without_examples(self.label, updates) if self.per_example else updates
+        apply_fn = _variants.apply_fn_for(self.name, self.apply_fn)  # (a backend's hinted step, or the stage's own)
         with checking(self.checked):
             if self.init_fn is None:
-                updates = check_updates(self.label, given, self.apply_fn(updates, params, **kwargs))
+                updates = check_updates(self.label, given, apply_fn(updates, params, **kwargs))
             else:
-                updates, state = check_stage_result(self.label, given, state,
-                                                    self.apply_fn(updates, state, params, **kwargs))
+                updates, state = check_stage_result(self.label, given, state, apply_fn(updates, state, params, **kwargs))
         if self.in_state:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
                                    hyperparams={k: values[k] for k in sorted(self.in_state)})

@@ -118,15 +118,9 @@ def added(p, u):
 
 def summed(p, u):
     """:func:`added` before it is placed like ``p``: the operations the in-place ordering repeats, for XLA to
-    merge them with the step's own (updax._in_place)."""
+    merge them with the step's own (updax._backend._order)."""
     wide = wider(p.dtype, u.dtype)
     return cast(jax.lax.add(cast(p, wide), cast(u, wide)), p.dtype)  # (one dtype: lax traces fastest)
-
-
-def traced_for_cpu(tree) -> bool:
-    """Whether ``tree`` is being traced (under ``jax.jit``) with the CPU as the default backend: when the
-    execution paths that order XLA's kernels apply (measured on the CPU only)."""
-    return jax.default_backend() == "cpu" and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
 def compute_dtype(*dtypes):

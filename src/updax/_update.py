@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from updax import _execute, _paths
+from updax import _domains, _execute, _paths
 from updax._stage import Stage
 
 __all__ = ["Update"]
@@ -164,15 +164,11 @@ class Update:
     def hyperparams_in_state(self) -> Update:
         """This pipeline with its numeric hyperparameters kept in the state (see
         :func:`updax.hyperparams_in_state`)."""
-        from updax._held import hyperparams_in_state
-
-        return hyperparams_in_state(self)
+        return Update(stage._holding(Update.hyperparams_in_state) for stage in self.stages)
 
     def checked(self) -> Update:
         """This pipeline with its traced values checked under ``jax.jit`` (see :func:`updax.checked`)."""
-        from updax._held import checked
-
-        return checked(self)
+        return Update(stage._checking(Update.checked) for stage in self.stages)
 
 
 def _held_runs(stages: tuple[Stage, ...], start: int, end: int) -> str:
@@ -205,3 +201,4 @@ jax.tree_util.register_pytree_with_keys(
     lambda u: ([(jax.tree_util.SequenceKey(i), s) for i, s in enumerate(u.stages)], None),
     lambda _, stages: Update(stages),
 )
+_domains.PIPELINE_TYPES.append(Update)  # (the Pipeline domain's type: _domains cannot import this module)

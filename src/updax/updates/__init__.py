@@ -8,7 +8,6 @@ of every update object (``parent.scale(0.1)``).
 
 from updax._combinators import combinator
 from updax._primitives import apply_updates, compose, identity, stateful, stateless
-from updax.updates import _fused_lamb  # noqa: F401  (registers the fused LAMB path)
 from updax.updates._accumulation import accumulate_gradients, has_updated, trace
 from updax.updates._adam import (
     scale_by_adam,

@@ -9,14 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, Pipeline, Real, Valid, fail,
                             is_concrete, returned)
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import add, mul, per_leaf
+from updax._leafwise import per_leaf
 
 
 class TraceState(NamedTuple):
@@ -30,11 +30,12 @@ def _init_trace(params, *, accumulator_dtype):
 
 
 def _apply_trace(updates, state, params, *, decay, nesterov):
-    def leaf(g, t):
-        t = add(mul(decay, t), g)
-        return (add(mul(decay, t), g) if nesterov else t), t
+    def rule(g, t):
+        t = decay * t + g
+        u = decay * t + g if nesterov else t
+        return u, t
 
-    u, trace_ = per_leaf("trace", leaf, (updates, state.trace), ("updates", "state.trace"))
+    u, trace_ = per_leaf("trace", rule, (updates, state.trace), ("updates", "state.trace"))
     return u, TraceState(trace=trace_)
 
 
@@ -151,6 +152,18 @@ def _init_accumulate_gradients(params, *, inner, should_skip):
 
 
 def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, should_skip, **extra):
+    return accumulated_step(updates, state, params, inner, steps, mean, should_skip, extra)
+
+
+def _in_a_conditional(ready, run, wait, operand):
+    """The pipeline's step on the ready calls only: ``lax.cond``."""
+    return jax.lax.cond(ready, run, wait, operand)
+
+
+def accumulated_step(updates, state, params, inner, steps, mean, should_skip, extra, stepped=_in_a_conditional):
+    """One call: the updates accumulated, the pipeline stepped on every ``k``-th. ``stepped(ready, run, wait,
+    operand)`` returns the pipeline's ``(updates, state)`` on the ready calls and ``wait``'s otherwise: in a
+    conditional here; a backend's path may compute the step on every call and select."""
     if should_skip is None:
         skip, record = jnp.zeros([], bool), {}
     else:
@@ -173,14 +186,7 @@ def _apply_accumulate_gradients(updates, state, params, *, inner, steps, mean, s
     def wait(operand):
         return jax.tree.map(_tree.zeros_of, jax.eval_shape(run, operand)[0]), operand[1]
 
-    stepped = None
-    if _in_place.elementwise(inner) and _tree.traced_for_cpu(updates):
-        stepped = _in_place.traced_pure(lambda: run((accumulated, state.inner)))
-    if stepped is None:
-        out, inner_state = jax.lax.cond(ready, run, wait, (accumulated, state.inner))
-    else:  # (an elementwise step on every call, kept on the k-th: see the docstring)
-        out = jax.tree.map(lambda u: jnp.where(ready, u, _tree.zeros_like(u)), stepped[0])
-        inner_state = jax.tree.map(lambda new, old: jax.lax.select(ready, new, old), stepped[1], state.inner)
+    out, inner_state = stepped(ready, run, wait, (accumulated, state.inner))
     accumulated = jax.tree.map(lambda new, old: jnp.where(skip, old, jnp.where(ready, jnp.zeros_like(new), new)),
                                accumulated, state.accumulated)
     return out, AccumulateGradientsState(
@@ -210,14 +216,11 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
     reject a call: it emits zeros and leaves the state bit-identical except
     ``updated`` (False) and ``skip`` (the record of why).
 
-    Jitted for the CPU around an elementwise pipeline (every stage declared
-    ``elementwise``: the Adam family, Lion, momentum, clipping, ...), the
-    pipeline's step is computed on every call and kept on the steps alone,
-    element by element, rather than run in a ``lax.cond``, whose outputs
-    XLA writes to buffers of their own: the state is then written in place
-    (the values are the same; docs/performance.md, "The state in place").
-    A step with an effect (a ``jax.debug`` callback) runs in the
-    conditional, as does any other pipeline.
+    Jitted for the CPU around an elementwise pipeline, the backend's hints
+    (:func:`updax.backend_hints`) compute the pipeline's step on every call
+    and keep it on the ``k``-th, so that XLA writes the state in place; the
+    values are the same, and a step with an effect (a ``jax.debug``
+    callback) still runs in the conditional.
 
     Args:
         steps: ``k``, the calls accumulated per step: an integer >= 1, or a

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField, Real
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import (abs_sq, absolute, adam_directions, add, bias_corrections, div, maximum, moment,
-                                   mul, per_leaf, per_leaf_rooted, sign, store, sub, where)
+from updax._leafwise import per_leaf
+from updax.updates._kernels import abs_sq, bias_corrections, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -113,38 +112,10 @@ def _adam_like(init_fn, apply_fn, name, options, state_last=()):
                     domains={k: _ADAM_DOMAINS[k] for k in options}, schedulable=schedulable, state_last=state_last)
 
 
-def _adam_like_update(call, leaf, updates, state, count):
-    """Runs ``leaf(g, mu, nu) -> (u, mu, nu)`` over the tree: the shared body of the Adam-like kernels."""
-    u, mu, nu = per_leaf(call, leaf, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
-    return u, state._replace(mu=mu, nu=nu, count=count)
-
-
-def _adam_like_rooted(call, before, after, updates, state, count):
-    """:func:`_adam_like_update` for a kernel with a root: ``before(g, mu, nu) -> (radicand, *carry)``,
-    ``after(root, *carry) -> (u, mu, nu)`` (:func:`updax.updates._kernels.per_leaf_rooted`)."""
-    u, mu, nu = per_leaf_rooted(call, before, after, (updates, state.mu, state.nu),
-                                ("updates", "state.mu", "state.nu"))
-    return u, state._replace(mu=mu, nu=nu, count=count)
-
-
-def _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root):
-    """Like :func:`_adam_like_update` for a kernel whose update is Adam's direction: ``moments(g, mu, nu) ->
-    (mu, nu)`` gives the new moments (in the compute dtype), and :func:`adam_directions` the update from them,
-    for the whole tree at once (eagerly one program, not four per leaf shape; under ``jax.jit`` the same
-    kernels). Each moment is stored in its storage dtype only after the direction used it, as in one leaf
-    function."""
-    trees, names = (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu")
-
-    def leaf(g, m, v):
-        c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype)
-        return moments(g.astype(c), m.astype(c), v.astype(c))
-
-    mu, nu = _tree.tree_map_unzip(call, leaf, 2, *trees, names=names)
-    # (the second moment under the root marked for a wrapper that traces the step again, schedule-free:
-    # updax._in_place.recomputed; marked out here, as adam_directions' body is traced once and cached)
-    u = adam_directions(mu, _in_place.recomputed(nu), c1, c2, eps, eps_root)
-    u, mu, nu = (jax.tree.map(lambda x, like, name=name: store(call, name, x, like), new, like)
-                 for new, like, name in zip((u, mu, nu), trees, names))
+def _adam_like_update(call, rule, updates, state, count):
+    """Runs ``rule(g, mu, nu) -> (u, mu, nu)`` leaf by leaf (:func:`updax._leafwise.per_leaf`): the shared body
+    of the Adam-like kernels."""
+    u, mu, nu = per_leaf(call, rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     return u, state._replace(mu=mu, nu=nu, count=count)
 
 
@@ -170,20 +141,13 @@ def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
     c1, c2 = bias_corrections(count, b1, b2)
     m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
-    def moments(g, m, v):
-        return moment(b1, m, g), moment(b2, v, abs_sq(g))
+    def rule(g, m, v):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        u = m_hat(m, g) / (safe_sqrt(v / c2 + eps_root) + eps)
+        return u, m, v
 
-    if not nesterov:
-        return _adam_moments_update(call, moments, updates, state, count, c1, c2, eps, eps_root)
-
-    def before(g, m, v):
-        m, v = moments(g, m, v)
-        return add(div(v, c2), eps_root), g, m, v
-
-    def after(root, g, m, v):
-        return div(m_hat(m, g), add(root, eps)), m, v
-
-    return _adam_like_rooted(call, before, after, updates, state, count)
+    return _adam_like_update(call, rule, updates, state, count)
 
 
 @combinator
@@ -192,10 +156,11 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
                   nesterov: bool = False) -> Update:
     """Scales updates by Adam's bias-corrected moment ratio.
 
-    Update rule (t counts from 1)::
+    Update rule (t counts from 1; ``m̂ = m/(1-b1^t)``)::
 
-        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
-        u = m̂ / (sqrt(v̂ + eps_root) + eps),  m̂ = m/(1-b1^t),  v̂ = v/(1-b2^t)
+        m ← b1·m + (1-b1)·g
+        v ← b2·v + (1-b2)·g²
+        u = m̂ / (sqrt(v/(1-b2^t) + eps_root) + eps)
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
@@ -241,15 +206,13 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root, nes
     c1, c2 = bias_corrections(count, b1, b2)
     m_hat = _first_moment_estimate(count, b1, c1, nesterov)
 
-    def before(g, m, s):
-        m = moment(b1, m, g)
-        s = add(moment(b2, s, abs_sq(sub(g, m))), eps_root)
-        return div(s, c2), g, m, s
+    def rule(g, m, s):
+        m = b1 * m + (1 - b1) * g
+        s = b2 * s + (1 - b2) * abs_sq(g - m) + eps_root
+        u = m_hat(m, g) / (safe_sqrt(s / c2) + eps)
+        return u, m, s
 
-    def after(root, g, m, s):
-        return div(m_hat(m, g), add(root, eps)), m, s
-
-    return _adam_like_rooted("scale_by_belief", before, after, updates, state, count)
+    return _adam_like_update("scale_by_belief", rule, updates, state, count)
 
 
 @combinator
@@ -290,7 +253,7 @@ def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, ep
         Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the Belief
         in Observed Gradients", NeurIPS 2020. https://arxiv.org/abs/2010.07468
     """
-    # XLA recomputes the new s from the old one in the params' kernel: s (nu) is written after it (updax._in_place).
+    # XLA recomputes the new s from the old one in the params' kernel: s (nu) is written after it (``state_last``).
     return _adam_like(_init_scale_by_belief, _apply_scale_by_belief, "scale_by_belief",
                       dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, nesterov=nesterov, mu_dtype=mu_dtype,
                            nu_dtype=nu_dtype), state_last=("nu",))
@@ -313,14 +276,14 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
     r = jnp.sqrt(jnp.where(rectified, ratio, 1.0))
     estimate = _first_moment_estimate(count, b1, c1, nesterov)
 
-    def before(g, m, v):
-        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        return add(div(v, c2), eps_root), estimate(m, g), m, v
+    def rule(g, m, v):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        m_hat = estimate(m, g)
+        u = jnp.where(rectified, r * m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m_hat)
+        return u, m, v
 
-    def after(root, m_hat, m, v):
-        return where(rectified, div(mul(r, m_hat), add(root, eps)), m_hat), m, v
-
-    return _adam_like_rooted("scale_by_radam", before, after, updates, state, count)
+    return _adam_like_update("scale_by_radam", rule, updates, state, count)
 
 
 @combinator
@@ -384,11 +347,14 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def moments(g, m, v):
+    def rule(g, m, v):
         g2 = abs_sq(g)
-        return moment(b1, m, g), sub(v, mul(mul(1 - b2, sign(sub(v, g2))), g2))
+        m = b1 * m + (1 - b1) * g
+        v = v - (1 - b2) * jnp.sign(v - g2) * g2
+        u = m / c1 / (safe_sqrt(v / c2 + eps_root) + eps)
+        return u, m, v
 
-    return _adam_moments_update("scale_by_yogi", moments, updates, state, count, c1, c2, eps, eps_root)
+    return _adam_like_update("scale_by_yogi", rule, updates, state, count)
 
 
 @combinator
@@ -446,17 +412,15 @@ def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def before(g, m, v, v_max):
-        m, v = moment(b1, m, g), moment(b2, v, abs_sq(g))
-        v_max = maximum(v_max, div(v, c2))
-        return add(v_max, eps_root), m, v, v_max
+    def rule(g, m, v, v_max):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        v_max = jnp.maximum(v_max, v / c2)
+        u = m / c1 / (safe_sqrt(v_max + eps_root) + eps)
+        return u, m, v, v_max
 
-    def after(root, m, v, v_max):
-        return div(div(m, c1), add(root, eps)), m, v, v_max
-
-    u, mu, nu, nu_max = per_leaf_rooted("scale_by_amsgrad", before, after,
-                                        (updates, state.mu, state.nu, state.nu_max),
-                                        ("updates", "state.mu", "state.nu", "state.nu_max"))
+    u, mu, nu, nu_max = per_leaf("scale_by_amsgrad", rule, (updates, state.mu, state.nu, state.nu_max),
+                                 ("updates", "state.mu", "state.nu", "state.nu_max"))
     return u, ScaleByAmsgradState(mu=mu, nu=nu, nu_max=nu_max, count=count)
 
 
@@ -514,11 +478,13 @@ def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
     count = _tree.safe_increment(state.count)
     (c1,) = bias_corrections(count, b1)
 
-    def leaf(g, m, v):
-        m, v = moment(b1, m, g), maximum(add(absolute(g), eps), mul(b2, v))
-        return div(div(m, c1), v), m, v
+    def rule(g, m, v):
+        m = b1 * m + (1 - b1) * g
+        v = jnp.maximum(jnp.abs(g) + eps, b2 * v)
+        u = m / c1 / v
+        return u, m, v
 
-    return _adam_like_update("scale_by_adamax", leaf, updates, state, count)
+    return _adam_like_update("scale_by_adamax", rule, updates, state, count)
 
 
 @combinator
@@ -632,18 +598,16 @@ def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
     c1, c2, c3 = bias_corrections(count, b1, b2, b3)
     first = count == 1
 
-    def before(g, m, d, n, g_prev):
-        diff = where(first, 0.0, sub(g, g_prev))
-        m, d = moment(b1, m, g), moment(b2, d, diff)
-        look_ahead = add(g, mul(b2, diff))
-        n = moment(b3, n, abs_sq(look_ahead))
-        return add(div(n, c3), eps_root), g, m, d, n
+    def rule(g, m, d, n, g_prev):
+        diff = jnp.where(first, 0.0, g - g_prev)
+        m = b1 * m + (1 - b1) * g
+        d = b2 * d + (1 - b2) * diff
+        n = b3 * n + (1 - b3) * abs_sq(g + b2 * diff)
+        u = (m / c1 + b2 * d / c2) / (safe_sqrt(n / c3 + eps_root) + eps)
+        return u, m, d, n, g
 
-    def after(root, g, m, d, n):
-        return div(add(div(m, c1), div(mul(b2, d), c2)), add(root, eps)), m, d, n, g
-
-    u, mu, mu_diff, nu, prev = per_leaf_rooted(
-        "scale_by_adan", before, after, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),
+    u, mu, mu_diff, nu, prev = per_leaf(
+        "scale_by_adan", rule, (updates, state.mu, state.mu_diff, state.nu, state.prev_grads),
         ("updates", "state.mu", "state.mu_diff", "state.nu", "state.prev_grads"))
     return u, ScaleByAdanState(mu=mu, mu_diff=mu_diff, nu=nu, prev_grads=prev, count=count)
 
@@ -698,7 +662,7 @@ def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: 
         Optimizing Deep Models", IEEE TPAMI 2024, Algorithm 1.
         https://arxiv.org/abs/2208.06677
     """
-    # The update reads the previous gradient: prev_grads is written after the params' update (updax._in_place).
+    # The update reads the previous gradient: prev_grads is written after the params' update (``state_last``).
     return _adam_like(_init_scale_by_adan, _apply_scale_by_adan, "scale_by_adan",
                       dict(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype),
                       state_last=("prev_grads",))

@@ -20,8 +20,8 @@ from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._adam import _ADAM_DOMAINS, _adam_like_init
-from updax.updates._kernels import (abs_sq, add, bias_corrections, clip, div, maximum, moment, mul, number,
-                                   per_leaf_rooted, where)
+from updax._leafwise import per_leaf
+from updax.updates._kernels import abs_sq, bias_corrections, number, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -82,7 +82,7 @@ def _variant(init_fn, apply_fn, name, options, state_last=()):
 def _clipped(x, bound):
     """``x`` clipped to ``[-bound, bound]``; a complex ``x`` keeps its phase and has its modulus clipped."""
     if not jnp.iscomplexobj(x):
-        return clip(x, -bound, bound)
+        return jnp.clip(x, -bound, bound)
     size = jnp.abs(x)
     over = size > bound
     return jnp.where(over, x * (bound / jnp.where(over, size, 1.0)), x)
@@ -97,25 +97,21 @@ def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=Non
     if use_clipping and clip_value is None:
         clip_value = _tree.float_count(state.count) ** 0.25
 
-    def before(g, m, v):
-        return v.real if jnp.iscomplexobj(v) else v, g, m, v
-
     # On the first call the selects below discard the normalised update. Its divisor must not be 0 even so (0
     # times an infinite derivative is NaN): 1 on that call, unless eps is a positive number.
     guarded = not (number(eps) or 0) > 0
 
-    def after(root, g, m, v):
-        g2 = abs_sq(g)
-        scale = maximum(root, eps)
-        normed = div(g, where(first, 1.0, scale) if guarded else scale)
+    def rule(g, m, v):
+        scale = jnp.maximum(safe_sqrt(v.real if jnp.iscomplexobj(v) else v), eps)  # (the old v)
+        normed = g / (jnp.where(first, 1.0, scale) if guarded else scale)
         if use_clipping:
             normed = _clipped(normed, clip_value)
-        m = where(first, m, moment(b1, m, normed))
-        u = moment(b1, m, normed) if nesterov else m
-        return where(first, 0.0, u), m, where(first, g2, moment(b2, v, g2))
+        m = jnp.where(first, m, b1 * m + (1 - b1) * normed)
+        u = b1 * m + (1 - b1) * normed if nesterov else m
+        v = jnp.where(first, abs_sq(g), b2 * v + (1 - b2) * abs_sq(g))
+        return jnp.where(first, 0.0, u), m, v
 
-    u, mu, nu = per_leaf_rooted("scale_by_adopt", before, after, (updates, state.mu, state.nu),
-                                ("updates", "state.mu", "state.nu"))
+    u, mu, nu = per_leaf("scale_by_adopt", rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     return u, ScaleByAdoptState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
 
 
@@ -173,7 +169,7 @@ def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, ep
         Taniguchi et al., "ADOPT: Modified Adam Can Converge with Any β2 with
         the Optimal Rate", NeurIPS 2024. https://arxiv.org/abs/2411.02853
     """
-    # The update is normalized by the old second moment: nu is written after the params' update (updax._in_place).
+    # The update is normalized by the old second moment: nu is written after the params' update (``state_last``).
     return _variant(_init_scale_by_adopt, _apply_scale_by_adopt, "scale_by_adopt",
                     dict(b1=b1, b2=b2, eps=eps, clip_value=clip_value, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
                          nesterov=nesterov, use_clipping=use_clipping), state_last=("nu",))
@@ -193,16 +189,15 @@ def _apply_scale_by_ademamix(updates, state, params, *, b1, b2, b3, alpha, eps, 
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
-    def before(g, m1, m2, v):
-        m1, m2, v = moment(b1, m1, g), moment(b3, m2, g), moment(b2, v, abs_sq(g))
-        return add(div(v, c2), eps_root), m1, m2, v
+    def rule(g, m1, m2, v):
+        m1 = b1 * m1 + (1 - b1) * g
+        m2 = b3 * m2 + (1 - b3) * g
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        u = (m1 / c1 + alpha * m2) / (safe_sqrt(v / c2 + eps_root) + eps)
+        return u, m1, m2, v
 
-    def after(root, m1, m2, v):
-        return div(add(div(m1, c1), mul(alpha, m2)), add(root, eps)), m1, m2, v
-
-    u, mu_fast, mu_slow, nu = per_leaf_rooted("scale_by_ademamix", before, after,
-                                              (updates, state.mu_fast, state.mu_slow, state.nu),
-                                              ("updates", "state.mu_fast", "state.mu_slow", "state.nu"))
+    u, mu_fast, mu_slow, nu = per_leaf("scale_by_ademamix", rule, (updates, state.mu_fast, state.mu_slow, state.nu),
+                                       ("updates", "state.mu_fast", "state.mu_slow", "state.nu"))
     return u, ScaleByAdemamixState(mu_fast=mu_fast, mu_slow=mu_slow, nu=nu, count=count)
 
 
@@ -268,14 +263,13 @@ def _apply_scale_by_simplified_ademamix(updates, state, params, *, b1, b2, alpha
     count = _tree.safe_increment(state.count)
     (c2,) = bias_corrections(count, b2)
 
-    def before(g, m, v):
-        m, v = add(mul(b1, m), g), moment(b2, v, abs_sq(g))
-        return add(div(v, c2), eps_root), g, m, v
+    def rule(g, m, v):
+        m = b1 * m + g
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        u = (m + alpha * g) / (safe_sqrt(v / c2 + eps_root) + eps)
+        return u, m, v
 
-    def after(root, g, m, v):
-        return div(add(m, mul(alpha, g)), add(root, eps)), m, v
-
-    u, mu, nu = per_leaf_rooted("scale_by_simplified_ademamix", before, after, (updates, state.mu, state.nu),
+    u, mu, nu = per_leaf("scale_by_simplified_ademamix", rule, (updates, state.mu, state.nu),
                          ("updates", "state.mu", "state.nu"))
     return u, ScaleBySimplifiedAdemamixState(mu=mu, nu=nu, count=count)
 

@@ -7,14 +7,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (ANY_REAL, LEARNING_RATE, Count, Flag, FloatDtype, Integer, NonNegativeField, Pipeline,
                             Real, Valid, fail)
 from updax._primitives import apply_updates, stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import add, blend, filled, mul, sub, warmed_up
+from updax.updates._kernels import blend, filled, warmed_up
 
 
 class ScheduleFreeState(NamedTuple):
@@ -58,6 +58,12 @@ def _init_schedule_free(params, *, inner, state_dtype):
 
 
 def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, weight_lr_power, **extra):
+    return schedule_free_step(updates, state, params, inner, learning_rate, b1, weight_lr_power, extra)
+
+
+def schedule_free_step(updates, state, params, inner, learning_rate, b1, weight_lr_power, extra, step_again=None):
+    """One schedule-free step. ``step_again(fn)``, where given, returns the step of ``fn() -> (step, state)`` (the
+    pipeline's) for the params' update, the same values traced again (a backend's path), or None."""
     # (the weights keep their dtype: a schedule's float64 value under x64 would widen them, and a state whose
     # dtypes change between steps breaks lax.cond, lax.scan and donation)
     dtype = state.max_lr.dtype
@@ -66,27 +72,25 @@ def _apply_schedule_free(updates, state, params, *, inner, learning_rate, b1, we
     weight_sum = (state.weight_sum + weight).astype(dtype)
     ck = jnp.where(weight_sum > 0, weight / jnp.where(weight_sum > 0, weight_sum, 1.0), 0.0)
     steps, inner_state = inner.update(updates, state.inner, params, **extra)
-    again = None  # the step traced once more, for the params' kernel (updax._in_place.recomputing)
-    if _tree.traced_for_cpu(updates):
-        again = _in_place.traced_again(lambda: inner.update(updates, state.inner, params, **extra)[0])
+    again = None if step_again is None else step_again(lambda: inner.update(updates, state.inner, params, **extra))
     keep = 1 - b1 * (1 - ck)
 
-    def leaf(y, z0, u, u_again):
+    def leaf(y, z, u, u_again):
         # y' = b1·x' + (1 - b1)·z' with x = (y - (1 - b1)·z) / b1 substituted: no division by b1, so a tiny b1
         # neither overflows nor magnifies the rounding of y.
-        c = _tree.compute_dtype(y.dtype, z0.dtype)
-        y32, z32, u32 = (_tree.cast(x, c) for x in (y, z0, u))
-        z = _tree.cast(add(z32, u32), z0.dtype)
-        if jnp.dtype(z0.dtype).itemsize < jnp.dtype(y.dtype).itemsize:
+        c, stored_as, emitted_as = _tree.compute_dtype(y.dtype, z.dtype), z.dtype, u.dtype
+        narrower = jnp.dtype(z.dtype).itemsize < jnp.dtype(y.dtype).itemsize
+        y, z, u, u_again = (_tree.cast(x, c) for x in (y, z, u, u_again))
+        z_new = _tree.cast(z + u, stored_as)
+        if narrower:
             # z stored narrower than y: y moves with the step z took as stored, z' - z (exact where z' is within
             # a factor 2 of z), so that x is the average of the stored z's.
-            return _tree.cast(add(mul(ck, sub(z32, y32)), mul(keep, sub(_tree.cast(z, c), z32))), u.dtype), z
-        # y' - y = ck·(z' - y) + (1 - b1)·(1 - ck)·u reads the new z, not the old: z is written in place first
-        # (a reader of the old z after its writer makes XLA copy z on every step, as optax's step does). u_again
-        # is u traced a second time where the inner rule marks it: XLA computes it inside the params' kernel,
-        # where it would store a u it does not duplicate (a root, a division) for both kernels.
-        step = add(mul(ck, sub(_tree.cast(z, c), y32)), mul((1 - b1) * (1 - ck), _tree.cast(u_again, c)))
-        return _tree.cast(step, u.dtype), z
+            step = ck * (z - y) + keep * (_tree.cast(z_new, c) - z)
+        else:
+            # y' - y = ck·(z' - y) + (1 - b1)·(1 - ck)·u, from the new z (the old z is then read by its writer
+            # alone, which can write it in place).
+            step = ck * (_tree.cast(z_new, c) - y) + (1 - b1) * (1 - ck) * u_again
+        return _tree.cast(step, emitted_as), z_new
 
     out, z = _tree.tree_map_unzip("schedule_free", leaf, 2, params, state.z, steps,
                                   steps if again is None else again, names=("params", "state.z", "updates", "updates"))
@@ -114,12 +118,11 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: float = 0.
     in place (optax's step copies it on every step). With ``z`` in a
     narrower ``state_dtype`` than the params, ``y`` moves with the step
     ``z`` took as stored, ``z' - z``, so that ``x`` is the average of the
-    stored ``z``'s (XLA then copies ``z``). Jitted for the
-    CPU, the wrapped pipeline is traced a second time for the params'
-    kernel when its rule marks its step (``scale_by_adam``'s,
-    ``scale_by_rms``'s and ``scale_by_stddev``'s do): XLA computes the step
-    inside both kernels rather than store it for both (a pipeline whose
-    trace has effects, a ``jax.debug.print``, is traced once).
+    stored ``z``'s (XLA then copies ``z``). Jitted for the CPU, the
+    backend's hints (:func:`updax.backend_hints`) trace the wrapped
+    pipeline a second time for the params' update, so that XLA computes the
+    step inside both kernels rather than store it for both (the same
+    values; a pipeline whose trace has effects is traced once).
 
     ``b1`` is a number, fixed for the run, as in the paper: each step carries
     ``y`` forward with one ``b1``, ``y' = b1·x' + (1 - b1)·z'`` holding only

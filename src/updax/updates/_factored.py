@@ -20,7 +20,7 @@ from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import abs_sq, add, minimum, moment, mul, number, real_only, safe_sqrt, where
+from updax.updates._kernels import abs_sq, moment, number, real_only, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -304,10 +304,10 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
         if g.ndim < 2:
             previous = _tree.cast(covers[0], c)
         else:
-            previous = functools.reduce(minimum, [_tree.cast(a, c).reshape(_along(g.ndim, i))
+            previous = functools.reduce(jnp.minimum, [_tree.cast(a, c).reshape(_along(g.ndim, i))
                                                   for i, a in enumerate(covers)])
-        s = add(mul(mul(gain if number(gain) is not None else gain.astype(c), g32), g32), mul(b2, previous))
-        m = moment(b1, _tree.cast(m0, c), mul(g32, where(s > 0, jax.lax.rsqrt(add(s, eps)), 0.0)))
+        s = (gain if number(gain) is not None else gain.astype(c)) * g32 * g32 + b2 * previous
+        m = moment(b1, _tree.cast(m0, c), g32 * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0))
         if g.ndim < 2:
             new = (s,)
         else:

@@ -19,7 +19,8 @@ from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._masking import leafwise
-from updax.updates._kernels import abs_sq, per_leaf, safe_sqrt, trust_ratios, trust_scaled
+from updax._leafwise import per_leaf
+from updax.updates._kernels import abs_sq, safe_sqrt, trust_ratios, trust_scaled
 
 
 class ScaleByNovogradState(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Annotated, Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, Integer,
                             NonNegativeField, OneOf, Pipeline, Valid, scalar_input)
@@ -27,19 +27,12 @@ from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._kernels import (
     abs_sq,
-    absolute,
-    add,
     bias_corrections,
-    div,
     filled,
-    maximum,
-    mul,
     number,
     real_only,
     safe_sqrt,
     scaled,
-    sub,
-    where,
 )
 
 # --------------------------------------------------------------------------
@@ -138,13 +131,13 @@ def _sq_norm(tree, dtype):
 def _div(a, b):
     """``a / b``, and 0 where ``b`` is 0 (a double where: the discarded branch keeps its gradient finite)."""
     nonzero = b != 0
-    return where(nonzero, div(a, where(nonzero, b, 1.0)), jnp.zeros_like(a))
+    return jnp.where(nonzero, a / jnp.where(nonzero, b, 1.0), jnp.zeros_like(a))
 
 
 def _div_positive(a, b, eps):
     """``_div(a, b)`` for ``b = root + eps`` with ``root >= 0``: a plain division when ``eps`` is a positive
     number (``b`` is never 0 then), which saves a comparison and two selects per element."""
-    return div(a, b) if (number(eps) or 0) > 0 else _div(a, b)
+    return a / b if (number(eps) or 0) > 0 else _div(a, b)
 
 
 def _copy(call, params):
@@ -316,6 +309,17 @@ def _init_scale_by_dadapt_adamw(params, *, estim_lr0):
 
 
 def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b2, eps, decay, mask):
+    return dadapt_adamw_step(updates, state, params, learning_rate, b1, b2, eps, decay, mask)
+
+
+def _itself(read_first, old, new):
+    return new
+
+
+def dadapt_adamw_step(updates, state, params, learning_rate, b1, b2, eps, decay, mask, written=_itself):
+    """D-Adaptation's step. ``written(read_first, old, new)`` returns ``new``, a state leaf whose old value the
+    reductions read: the same values, which a backend's path writes after ``read_first`` (a scalar computed from
+    those reductions)."""
     call = "scale_by_dadapt_adamw"
     real_only(call, updates)
     count = _tree.safe_increment(state.count)
@@ -325,34 +329,27 @@ def _apply_scale_by_dadapt_adamw(updates, state, params, *, learning_rate, b1, b
     dlr = d * learning_rate * jnp.sqrt(c2) / c1
     treedef, leaves = _tree.side_by_side(call, (updates, state.mu, state.nu, state.grad_sum, params),
                                          ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
-    outs, mus, nus, sums, dots, l1, news = [], [], [], [], [], [], []
-    computes = [_tree.compute_dtype(*(x.dtype for x in leaf)) for leaf in leaves]
-    # The roots of the old and of the new v, each in one call for the tree (safe_sqrt traces a sub-program per call).
-    old_roots = safe_sqrt([v.astype(c) for (_, _, v, _, _), c in zip(leaves, computes)])
-    for (g, m, v, s, p), c, old_root in zip(leaves, computes, old_roots):
-        g32, v32, s32 = (_tree.cast(x, c) for x in (g, v, s))
-        dots.append(jnp.sum(mul(g32, _div_positive(s32, add(old_root, eps), eps))))  # <g, s>, weighted by old v
-        m32 = add(mul(b1, _tree.cast(m, c)), mul(mul(1 - b1, dlr), g32))
-        v32 = add(mul(b2, v32), mul(mul(1 - b2, g32), g32))
-        s32 = add(mul(sb2, s32), mul(mul(1 - sb2, dlr), g32))
-        l1.append(jnp.sum(absolute(s32)))
-        news.append((m32, v32, s32))
-    no_decay = number(decay) == 0  # (a decay of the number 0 adds no term)
-    for (g, m, v, s, p), c, (m32, v32, s32), root, decays, dot, s_l1 in zip(
-            leaves, computes, news, safe_sqrt([v32 for _, v32, _ in news]), leaf_mask(call, mask, params), dots, l1):
-        step = _div_positive(m32, add(root, eps), eps)
-        if not no_decay:
-            step = add(step, mul(mul(decay, dlr), _tree.cast(p, c))) if decays else add(step, 0.0)
-        outs.append(_tree.cast(step, g.dtype))
-        mus.append(m32.astype(m.dtype))
-        # Written in place after what reads their old values (XLA would copy both fields on every step): v
-        # after the dot and, declared state_last, after the params' kernel (which recomputes the new v from the
-        # old); s after the dot and the sum of |s| (which recomputes the new s from the old).
-        nus.append(_in_place.after_reading(dot, v, v32.astype(v.dtype)))
-        sums.append(_in_place.after_reading(add(dot, s_l1), s, s32.astype(s.dtype)))
+    outs, mus, nus, sums, dots, l1s = [], [], [], [], [], []
+    for (g_in, m_in, v_in, s_in, p_in), decays in zip(leaves, leaf_mask(call, mask, params)):
+        g, m, v_old, s_old, p = (_tree.cast(x, _tree.compute_dtype(*(x.dtype for x in (g_in, m_in, v_in, s_in, p_in))))
+                                 for x in (g_in, m_in, v_in, s_in, p_in))
+        dot = jnp.sum(g * _div_positive(s_old, safe_sqrt(v_old) + eps, eps))  # <g, s>, weighted by the old v
+        m = b1 * m + (1 - b1) * dlr * g
+        v = b2 * v_old + (1 - b2) * g * g
+        s = sb2 * s_old + (1 - sb2) * dlr * g
+        l1 = jnp.sum(jnp.abs(s))
+        u = _div_positive(m, safe_sqrt(v) + eps, eps)
+        if number(decay) != 0:  # (a decay of the number 0 adds no term)
+            u = u + decay * dlr * p if decays else u + 0.0
+        outs.append(_tree.cast(u, g_in.dtype))
+        mus.append(m.astype(m_in.dtype))
+        nus.append(written(dot, v_in, v.astype(v_in.dtype)))
+        sums.append(written(dot + l1, s_in, s.astype(s_in.dtype)))
+        dots.append(dot)
+        l1s.append(l1)
     dtype = d.dtype
     numerator = sb2 * state.numerator + (1 - sb2) * dlr * _total(dots, dtype)
-    denominator = (1 - sb2) * _total(l1, dtype)
+    denominator = (1 - sb2) * _total(l1s, dtype)
     estim_lr = jnp.where(denominator > 0, jnp.maximum(d, _div(numerator, denominator)), d)
     return treedef.unflatten(outs), ScaleByDadaptAdamwState(
         mu=treedef.unflatten(mus), nu=treedef.unflatten(nus), grad_sum=treedef.unflatten(sums),
@@ -569,6 +566,12 @@ def _init_scale_by_cocob(params, *, eps):
 
 
 def _apply_scale_by_cocob(updates, state, params, *, alpha):
+    return cocob_step(updates, state, params, alpha)
+
+
+def cocob_step(updates, state, params, alpha, rewarded=list):
+    """COCOB's step. ``rewarded(rewards)`` returns the new rewards, one per leaf, the same values: a backend's path
+    has XLA compute them apart (the params' update reads them, and they read the old params)."""
     call = "scale_by_cocob"
     real_only(call, updates)
     treedef, leaves = _tree.side_by_side(
@@ -576,21 +579,17 @@ def _apply_scale_by_cocob(updates, state, params, *, alpha):
                state.init_params),
         ("updates", "state.sum_grads", "state.max_abs_grad", "state.sum_abs_grads", "state.reward", "params",
          "state.init_params"))
-    compute = [_tree.compute_dtype(*(x.dtype for x in leaf)) for leaf in leaves]
-    # The new reward reads the old params and the params' update reads it: computed once, first, and read by the
-    # params' kernel, so that both are written in place (updax._in_place.computed_once).
-    rewards = _in_place.computed_once([
-        maximum(sub(_tree.cast(reward, c), mul(_tree.cast(g, c), sub(_tree.cast(p, c), _tree.cast(x0, c)))), 0.0)
-        for (g, _, _, _, reward, p, x0), c in zip(leaves, compute)])
+    wide = [[_tree.cast(x, _tree.compute_dtype(*(x.dtype for x in leaf))) for x in leaf] for leaf in leaves]
+    rewards = rewarded([jnp.maximum(reward - g * (x - x0), 0.0) for g, _, _, _, reward, x, x0 in wide])
     new = []
-    for (g, theta, big_l, big_g, reward, p, x0), c, r32 in zip(leaves, compute, rewards):
-        g32, p32, x032 = (_tree.cast(x, c) for x in (g, p, x0))
-        theta32 = add(_tree.cast(theta, c), g32)
-        l32 = maximum(_tree.cast(big_l, c), absolute(g32))
-        g_sum32 = add(_tree.cast(big_g, c), absolute(g32))
-        bet = _div(mul(theta32, add(l32, r32)), mul(l32, maximum(add(g_sum32, l32), mul(alpha, l32))))
-        new.append((sub(sub(x032, bet), p32).astype(g.dtype), theta32.astype(theta.dtype), l32.astype(big_l.dtype),
-                    g_sum32.astype(big_g.dtype), r32.astype(reward.dtype)))
+    for (g, theta, big_l, big_g, _, x, x0), reward, stored in zip(wide, rewards, leaves):
+        theta = theta + g
+        big_l = jnp.maximum(big_l, jnp.abs(g))
+        big_g = big_g + jnp.abs(g)
+        bet = _div(theta * (big_l + reward), big_l * jnp.maximum(big_g + big_l, alpha * big_l))
+        u = x0 - bet - x
+        new.append([value.astype(like.dtype) for value, like in zip((u, theta, big_l, big_g, reward),
+                                                                    (stored[0], *stored[1:5]))])
     out, sum_grads, max_abs, sum_abs, reward = (treedef.unflatten([leaf[i] for leaf in new]) for i in range(5))
     return out, ScaleByCocobState(init_params=state.init_params, sum_grads=sum_grads, max_abs_grad=max_abs,
                                   sum_abs_grads=sum_abs, reward=reward)

@@ -20,7 +20,7 @@ from updax._domains import ANY_REAL, Count, Flag, FloatDtype, Integer, Real, Val
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import blend, complement, filled, moment, warmed_up
+from updax.updates._kernels import blend, filled, moment, warmed_up
 
 
 def _init_value(call, name, value):
@@ -77,8 +77,6 @@ def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previou
         take = jnp.where(total_weight > 0, (1.0 - b) / safe, 0.0)
     else:
         keep, take = b, 1.0 - b
-        if not decay_min:  # (with decay_min the weight is min(decay, (1 + t)/(10 + t)), traced: never factored)
-            take = complement(decay, updates, b.dtype, default=take)
     ema = _tree.tree_map("ema", lambda m, x: blend(m, x, keep, take), state.ema, updates,
                          names=("state.ema", "updates"))
     out = jax.tree.map(lambda average, value: average.astype(value.dtype), ema, updates)

@@ -17,7 +17,7 @@ from updax._masks import Mask
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import add, mul, number
+from updax.updates._kernels import number
 from updax.updates._masking import leafwise
 
 
@@ -28,7 +28,7 @@ def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
         if none:
             return g
         c = _tree.compute_dtype(g.dtype, p.dtype)
-        return _tree.cast(add(_tree.cast(g, c), mul(decay, _tree.cast(p, c))), g.dtype)
+        return _tree.cast(_tree.cast(g, c) + decay * _tree.cast(p, c), g.dtype)
 
     return leafwise("add_decayed_weights", leaf, mask, updates, params)
 

@@ -10,14 +10,14 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import (abs_sq, add, bias_corrections, div, maximum, moment, mul, per_leaf, per_leaf_rooted,
-                                   sqrt, sub, where)
+from updax._leafwise import per_leaf
+from updax.updates._kernels import abs_sq, bias_corrections, safe_sqrt
 
 # --------------------------------------------------------------------------
 # States
@@ -96,37 +96,23 @@ def _correction(state, decay, bias_correction):
     return count, bias_corrections(count, decay)[0]
 
 
-def _scaled_by_root(call, radicand, trees, names, eps, eps_in_sqrt):
-    """RMSProp's step, plain or centred: per leaf, ``radicand(g, *state)`` returns ``(r, *new_state)`` and the
-    update is ``g / sqrt(r + eps)``, or with ``eps_in_sqrt=False`` ``g / (sqrt(r) + eps)`` (the roots through
-    ``safe_sqrt``, as Adam's). Returns the updates and the new state trees. The radicand is marked
-    :func:`updax._in_place.recomputed`: a wrapper tracing the step a second time (schedule-free) gets it
-    computed in its second reader's kernel from the new state, rather than stored for both."""
+def _over_root(g, r, eps, eps_in_sqrt):
+    """RMSProp's division: ``g / sqrt(r + eps)``, or with ``eps_in_sqrt=False`` ``g / (sqrt(r) + eps)`` (the
+    root through ``safe_sqrt``, as Adam's)."""
     if eps_in_sqrt is False:
-        def before(g, *state):
-            r, *new = radicand(g, *state)
-            return (_in_place.recomputed(r), g, *new)
-
-        def after(root, g, *new):
-            return (div(g, add(root, eps)), *new)
-
-        return per_leaf_rooted(call, before, after, trees, names)
-
-    def leaf(g, *state):
-        r, *new = radicand(g, *state)
-        return (mul(g, jax.lax.rsqrt(add(_in_place.recomputed(r), eps))), *new)
-
-    return per_leaf(call, leaf, trees, names)
+        return g / (safe_sqrt(r) + eps)
+    return g * jax.lax.rsqrt(r + eps)
 
 
 def _apply_scale_by_rms(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
     count, c = _correction(state, decay, bias_correction)
 
-    def radicand(g, v):  # the new moment, and the (bias-corrected) one the update divides by
-        v = moment(decay, v, abs_sq(g))
-        return (div(v, c) if bias_correction else v), v
+    def rule(g, v):
+        v = decay * v + (1 - decay) * abs_sq(g)
+        v_hat = v / c if bias_correction else v
+        return _over_root(g, v_hat, eps, eps_in_sqrt), v
 
-    u, nu = _scaled_by_root("scale_by_rms", radicand, (updates, state.nu), ("updates", "state.nu"), eps, eps_in_sqrt)
+    u, nu = per_leaf("scale_by_rms", rule, (updates, state.nu), ("updates", "state.nu"))
     return u, (ScaleByRmsWithCountState(nu=nu, count=count) if bias_correction else ScaleByRmsState(nu=nu))
 
 
@@ -200,17 +186,17 @@ def _init_scale_by_stddev(params, *, initial_scale, mu_dtype, nu_dtype, bias_cor
 def _apply_scale_by_stddev(updates, state, params, *, decay, eps, eps_in_sqrt=None, bias_correction=None):
     count, c = _correction(state, decay, bias_correction)
 
-    def radicand(g, m, v):  # the (bias-corrected) variance the update divides by, and the new moments
-        m, v = moment(decay, m, g), moment(decay, v, abs_sq(g))
-        m_hat, v_hat = (div(m, c), div(v, c)) if bias_correction else (m, v)
-        var = sub(v_hat, abs_sq(m_hat))
+    def rule(g, m, v):
+        m = decay * m + (1 - decay) * g
+        v = decay * v + (1 - decay) * abs_sq(g)
+        m_hat, v_hat = (m / c, v / c) if bias_correction else (m, v)
+        var = v_hat - abs_sq(m_hat)
         var = var.real if jnp.iscomplexobj(var) else var
         # Clamped at 0: where the variance vanishes (decay 0 or tiny), rounding (an FMA under jit) can take
         # v - m² below 0, and the root would be NaN.
-        return maximum(var, 0.0), m, v
+        return _over_root(g, jnp.maximum(var, 0.0), eps, eps_in_sqrt), m, v
 
-    u, mu, nu = _scaled_by_root("scale_by_stddev", radicand, (updates, state.mu, state.nu),
-                                ("updates", "state.mu", "state.nu"), eps, eps_in_sqrt)
+    u, mu, nu = per_leaf("scale_by_stddev", rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
     if bias_correction:
         return u, ScaleByStddevWithCountState(mu=mu, nu=nu, count=count)
     return u, ScaleByStddevState(mu=mu, nu=nu)
@@ -285,11 +271,11 @@ def _init_scale_by_rss(params, *, initial_accumulator_value, accumulator_dtype):
 
 
 def _apply_scale_by_rss(updates, state, params, *, eps):
-    def leaf(g, s):
-        s = add(s, abs_sq(g))
-        return mul(g, where(s > 0, jax.lax.rsqrt(add(s, eps)), 0.0)), s
+    def rule(g, s):
+        s = s + abs_sq(g)
+        return g * jnp.where(s > 0, jax.lax.rsqrt(s + eps), 0.0), s
 
-    u, sos = per_leaf("scale_by_rss", leaf, (updates, state.sum_of_squares), ("updates", "state.sum_of_squares"))
+    u, sos = per_leaf("scale_by_rss", rule, (updates, state.sum_of_squares), ("updates", "state.sum_of_squares"))
     return u, ScaleByRssState(sum_of_squares=sos)
 
 
@@ -338,12 +324,13 @@ def _init_scale_by_adadelta(params, *, accumulator_dtype):
 
 
 def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
-    def leaf(g, eg, ex):
-        eg = moment(rho, eg, abs_sq(g))
-        u = mul(div(sqrt(add(ex, eps)), sqrt(add(eg, eps))), g)
-        return u, eg, moment(rho, ex, abs_sq(u))
+    def rule(g, eg, ex):
+        eg = rho * eg + (1 - rho) * abs_sq(g)
+        u = jnp.sqrt(ex + eps) / jnp.sqrt(eg + eps) * g
+        ex = rho * ex + (1 - rho) * abs_sq(u)
+        return u, eg, ex
 
-    u, eg, ex = per_leaf("scale_by_adadelta", leaf, (updates, state.avg_sq_grad, state.avg_sq_step),
+    u, eg, ex = per_leaf("scale_by_adadelta", rule, (updates, state.avg_sq_grad, state.avg_sq_step),
                          ("updates", "state.avg_sq_grad", "state.avg_sq_step"))
     return u, ScaleByAdadeltaState(avg_sq_grad=eg, avg_sq_step=ex)
 

@@ -18,7 +18,8 @@ from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, NonNegative
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import moment, per_leaf, real_only
+from updax._leafwise import per_leaf
+from updax.updates._kernels import moment, real_only
 
 # --------------------------------------------------------------------------
 # States
@@ -122,7 +123,7 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
         2023, Algorithm 2. https://arxiv.org/abs/2302.06675
     """
-    # The sign reads the old momentum: mu is written after the params' update (updax._in_place).
+    # The sign reads the old momentum: mu is written after the params' update (``state_last``).
     return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name="scale_by_lion",
                     options=dict(b1=b1, b2=b2, mu_dtype=mu_dtype),
                     domains=dict(b1=UNIT, b2=UNIT, mu_dtype=FloatDtype()), schedulable=("b1", "b2"),

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from updax import _in_place, _tree
+from updax import _tree
 from updax._combinators import combinator
 from updax._domains import NON_NEGATIVE, Count, FlagField, Integer, Pipeline
 from updax._primitives import stateful
@@ -114,11 +114,14 @@ def _init_apply_if_finite(params, *, inner):
 
 
 def _apply_apply_if_finite(updates, state, params, *, inner, max_consecutive_errors, **extra):
+    return if_finite(updates, state, params, inner, max_consecutive_errors, extra)
+
+
+def if_finite(updates, state, params, inner, max_consecutive_errors, extra, recheck=None):
+    """The step, kept where it is finite. ``recheck(updates, inner_state, params)``, where given, returns the step
+    the check reads instead of the one returned: the same values, computed apart (a backend's path)."""
     out, inner_state = inner.update(updates, state.inner, params, **extra)
-    checked = None
-    if _in_place.elementwise(inner):  # (cheap to compute again: see traced_apart)
-        checked = _in_place.traced_apart(lambda u, s, p: inner.update(u, s, p, **extra)[0], updates, state.inner,
-                                         params)
+    checked = None if recheck is None else recheck(updates, state.inner, params)
     finite = _all_finite(updates, out if checked is None else checked)
     notfinite_count = jnp.where(finite, 0, _tree.safe_increment(state.notfinite_count))
     apply = finite | (notfinite_count > max_consecutive_errors)
@@ -137,11 +140,7 @@ def apply_if_finite(inner: Update, max_consecutive_errors: int = 5) -> Update:
     holds a NaN or an infinity, the call emits zeros and its state is kept
     bit-identical, unless more than ``max_consecutive_errors`` such calls
     came in a row: then the update is applied anyway (so a run that keeps
-    failing fails loudly). The counts are kept in the state. Jitted for the
-    CPU around an elementwise pipeline, the check reads the step computed a
-    second time inside its own kernels, so that nothing is stored and the
-    wrapped state is written in place after the params (the numbers are
-    the same to rounding; docs/performance.md, "The state in place").
+    failing fails loudly). The counts are kept in the state.
 
     Args:
         max_consecutive_errors: non-finite calls in a row that are dropped,

@@ -14,7 +14,8 @@ from updax._primitives import apply_updates, stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._clipping import global_norm
-from updax.updates._kernels import filled, mul, per_leaf, sub, where
+from updax._leafwise import per_leaf
+from updax.updates._kernels import filled
 
 
 def _optional_pipeline(call, name, value):
@@ -285,11 +286,11 @@ def _init_optimistic(params, *, accumulator_dtype):
 def _apply_optimistic(updates, state, params, *, alpha, beta):
     first = state.is_initial_step
 
-    def leaf(g, previous):
-        previous = where(first, g, previous)  # before the first step there is no previous one: take g
-        return sub(mul(alpha + beta, g), mul(beta, previous)), g
+    def rule(g, previous):
+        previous = jnp.where(first, g, previous)  # before the first step there is no previous one: take g
+        return (alpha + beta) * g - beta * previous, g
 
-    u, previous = per_leaf("scale_by_optimistic_gradient", leaf, (updates, state.previous_gradient),
+    u, previous = per_leaf("scale_by_optimistic_gradient", rule, (updates, state.previous_gradient),
                            ("updates", "state.previous_gradient"))
     return u, ScaleByOptimisticGradientState(previous_gradient=previous, is_initial_step=jnp.zeros([], bool))
 
@@ -338,6 +339,6 @@ def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSc
         https://arxiv.org/abs/1901.08511
     """
     options = dict(alpha=alpha, beta=beta, accumulator_dtype=accumulator_dtype)
-    # The update reads the previous gradient: it is written after the params' update (updax._in_place).
+    # The update reads the previous gradient: it is written after the params' update (``state_last``).
     return stateful(_init_optimistic, _apply_optimistic, name="scale_by_optimistic_gradient", options=options,
                     domains=_domains(options), schedulable=("alpha", "beta"), state_last=("previous_gradient",))

@@ -15,11 +15,13 @@ import collections
 
 import jax
 
+import jax.numpy as jnp
+
 from updax import _tree
+from updax._backend import _switch
 from updax._fused import register_fused_path
-from updax.updates._kernels import (adam_directions, bias_corrections, ordered_after, trust_ratio, trust_ratios,
-                                    trust_scaled)
 from updax._masks import leaf_mask
+from updax.updates._kernels import bias_corrections, safe_sqrt, trust_ratio, trust_ratios, trust_scaled
 
 #: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
 RECOMPUTE_MIN_SHARED = 16
@@ -27,14 +29,39 @@ RECOMPUTE_MIN_SHARED = 16
 RECOMPUTE_MAX_SIZE = 2**20
 
 
+def _adam_directions(mu, nu, c1, c2, eps, eps_root):
+    """Adam's step from the new moments, over whole trees: ``m/(1-b1^t) / (sqrt(v/(1-b2^t) + eps_root) + eps)``."""
+    return jax.tree.map(lambda m, v: m / c1 / (safe_sqrt(v / c2 + eps_root) + eps), mu, nu)
+
+
 def _trust_options(trust):
     """The trust-ratio stage's options, as :func:`trust_ratio` takes them (concrete: a fused path has no schedules)."""
     return {k: trust.option(k) for k in ("min_norm", "trust_coefficient", "eps")}
 
 
+def ordered_after(x: jax.Array, token: jax.Array) -> jax.Array:
+    """``x`` itself, as a value XLA can only compute once ``token`` is computed.
+
+    ``x·(1 + (popcount(bits of token) >> 6))``: a 32-bit word has at most 32
+    bits set, so the factor is exactly 1 and ``x`` keeps every value (signed
+    zeros, infinities and NaNs too; a subnormal is flushed to zero on CPU, as
+    by the arithmetic of any kernel it then feeds), but XLA sees a dependency
+    it cannot fold away, where it drops an optimization barrier before it
+    schedules. A kernel that reads ``ordered_after(g, token)`` is scheduled
+    after whatever ``token`` comes from. A complex ``x`` is returned as it
+    is (``x·(1+0j)`` is not ``x`` when a part is infinite), without the
+    order.
+    """
+    if jnp.iscomplexobj(x):
+        return x
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(token, jnp.float32), jnp.int32)
+    zero = jax.lax.shift_right_logical(jax.lax.population_count(bits), jnp.int32(6))
+    return (1 + zero).astype(x.dtype) * x
+
+
 def in_leaf_order(updates: object) -> bool:
     """Whether LAMB's stages run leaf after leaf: when traced (under ``jax.jit``) for the CPU, with 2+ leaves."""
-    return len(jax.tree.leaves(updates)) > 1 and _tree.traced_for_cpu(updates)
+    return len(jax.tree.leaves(updates)) > 1 and _switch.hinted(updates)
 
 
 def _in_leaf_order(stages, updates, states, params, extra):
@@ -53,13 +80,11 @@ def _in_leaf_order(stages, updates, states, params, extra):
     so Nesterov's moment, narrow moments and masks need no special case (a
     mask is resolved over the whole params first, then applied per leaf).
 
-    Measured on a 2-core CPU (benchmarks/run.py, docs/performance.md), step
-    time against optax's lamb: 0.37x on T, 0.35x on B and 0.65x on S,
-    against 0.55-0.79x for the recomputing path. Leaves of one signature
-    are traced once (below): compile time 0.82x optax's on T and 0.75x on B
-    (1.01x and 1.11x when every leaf was traced on its own). Eagerly there
-    is no schedule to order, and on other backends it is not measured, so
-    those keep the path below.
+    What it saves (step and compile time against the stage-by-stage path
+    and optax's): docs/performance.md, "Fused execution paths" and "One
+    leaf after another" (``benchmarks/run.py``). Eagerly there is no
+    schedule to order, and on other backends it is not measured, so those
+    keep the path below.
     """
     adam, *middle, trust = stages
     treedef = jax.tree.structure(params)
@@ -133,11 +158,9 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
 
     The recomputation has a cost of its own: XLA's reduction kernel writes its
     broadcast scalars out, once per distinct leaf shape. So it pays where many
-    leaves share a shape, as the layers of a deep model do. Measured on a
-    2-core CPU (step time against storing ``u``): 2.0x with 1 leaf per shape,
-    1.5x with 2, 1.3x with 4, 0.94x with 8 (leaves of 2^16 elements); 0.75-0.87x
-    with 32 to 1024 leaves per shape of 2^14 to 2^19 elements, 0.63x with 16
-    of 2^20, 1.17x with 4 of 2^22. Leaves outside ``RECOMPUTE_MIN_SHARED`` /
+    leaves share a shape, as the layers of a deep model do (the step times by
+    leaves per shape and leaf size: docs/performance.md, "Fused execution
+    paths"). Leaves outside ``RECOMPUTE_MIN_SHARED`` /
     ``RECOMPUTE_MAX_SIZE`` keep the stored ``u``, and when none qualifies this
     is the ordinary path. Moments stored narrower than they are computed in
     would round differently, so those take the ordinary path too.
@@ -169,7 +192,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
     c1, c2 = bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
-    again = jax.tree.map(lambda g, u: u.astype(g.dtype), updates, adam_directions(mu, nu, c1, c2, eps, eps_root))
+    again = jax.tree.map(lambda g, u: u.astype(g.dtype), updates, _adam_directions(mu, nu, c1, c2, eps, eps_root))
     again = through_middle(again, p)
     scaled = jax.tree.map(lambda u, again, r: trust_scaled(again if recompute(u) else u, r), u, again, ratios)
     return scaled, new_states

@@ -53,20 +53,18 @@ writes both from one kernel), and an eager step has no schedule to order.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
+from updax._backend import _switch
 from updax._stage import ScheduledState, Stage
 
-__all__ = ["after_params", "after_reading", "computed_once", "elementwise", "recomputed", "recomputing", "traced_again",
-           "traced_apart", "traced_pure"]
+__all__ = ["after_params", "after_reading", "elementwise"]
 
 
 def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, updates: Any) -> tuple:
@@ -76,7 +74,7 @@ def after_params(stages: Sequence[Stage], old: tuple, new: tuple, params: Any, u
         return new
     for stage, n in zip(stages, new):  # (whether or not they are ordered here: a misnamed field fails everywhere)
         _check_declared(stage, n)
-    if not _tree.traced_for_cpu(updates):
+    if not _switch.hinted(updates):
         return new
     treedef = jax.tree.structure(params)
     ps = treedef.flatten_up_to(params)
@@ -268,121 +266,6 @@ def after_reading(token: jax.Array, old: jax.Array, new: jax.Array) -> jax.Array
     value, which the writer reads anyway (no operation, and placed like the new value). Traced for the CPU
     only (see the module); elsewhere, and for a leaf that changes dtype or shape, ``new`` as it is.
     """
-    if not _tree.traced_for_cpu(new) or old.dtype != new.dtype or old.shape != new.shape:
+    if not _switch.hinted(new) or old.dtype != new.dtype or old.shape != new.shape:
         return new
     return jax.lax.select(jax.lax.lt(token, token), old, new)
-
-
-def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
-    """``values``, each computed by a kernel of its own that every later kernel reads, rather than recomputed
-    inside each of its readers: divided by a 1 that XLA sees only once its simplifier has run.
-
-    The other direction from :func:`after_params`, for a new state value the params' kernel also needs and that
-    reads a buffer the params' kernel overwrites. COCOB's reward ``R' = max(R - g·(x - x₀), 0)`` reads the old
-    params, and the params' update needs ``R'``. XLA fuses so cheap a value into both kernels, so the params'
-    kernel reads the old reward while the reward's kernel reads the old params: neither can go first, and XLA
-    copies both on every step (216 MB of temporaries on the benchmark's T, as in optax's step). A division is
-    an operation XLA does not duplicate into a second kernel, and ``x / 1`` is ``x`` bit for bit (IEEE division
-    is correctly rounded); the 1 passes an optimization barrier, so the simplifier, which would drop the
-    division, does not see it. The value is then its own kernel, written in place first, and the params'
-    kernel reads it: no copy. Traced for the CPU only (see the module); elsewhere, ``values`` as they are.
-    """
-    values = list(values)
-    if not _tree.traced_for_cpu(values):
-        return values
-    ones: dict = {}
-    return [_over_one(x, ones) for x in values]
-
-
-def _over_one(x: jax.Array, ones: dict) -> jax.Array:
-    """``x / 1``, the 1 of ``x``'s dtype taken from ``ones``, where it is made behind an optimization barrier the
-    first time that dtype is asked for (one 1 per dtype per call of :func:`computed_once`, per second trace of
-    :func:`recomputing`)."""
-    if x.dtype not in ones:
-        ones[x.dtype] = jax.lax.optimization_barrier(jnp.ones((), x.dtype))
-    return jax.lax.div(x, ones[x.dtype])
-
-
-#: Inside :func:`recomputing`: the barrier'd 1 of each dtype marked so far (and so whether any value was marked).
-_RECOMPUTING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("updax_recomputing", default=None)
-
-
-@contextlib.contextmanager
-def recomputing() -> Iterator[dict]:
-    """A second trace of a step whose result a second reader needs, computed in that reader's kernel.
-
-    A wrapper that needs its inner pipeline's step ``u`` in two kernels (schedule-free: ``z' = z + u``, and the
-    params' update) traces the pipeline a second time inside this context. The second trace repeats the first
-    operation for operation, so XLA merges the two, and XLA does not duplicate a division or a root into a
-    second kernel: it stores ``u`` for both readers, a temporary of the params' size written and read on every
-    step. A rule that computes its step from a new state value marks that value with :func:`recomputed`;
-    inside this context the mark divides it by a 1 behind an optimization barrier (:func:`computed_once`'s
-    device), a 1 of this trace's own, so the second trace's step is an expression of its own, which XLA
-    computes inside its one reader from the stored new state. Yields the marks: empty when no rule marked a
-    value, and the wrapper then has nothing to gain from its second trace.
-    """
-    marks: dict = {}
-    token = _RECOMPUTING.set(marks)
-    try:
-        yield marks
-    finally:
-        _RECOMPUTING.reset(token)
-
-
-def recomputed(tree: Any) -> Any:
-    """``tree``, or inside :func:`recomputing` and traced for the CPU each leaf divided by that trace's
-    barrier'd 1: the same values bit for bit (IEEE division is correctly rounded), in expressions XLA does not
-    merge with the first trace's. For the new state value a rule's step is computed from (RMSProp's ``v`` under
-    the root, Adam's second moments). Outside a second trace, ``tree`` itself, without a pass over its leaves."""
-    marks = _RECOMPUTING.get()
-    if marks is None or not _tree.traced_for_cpu(tree):
-        return tree
-    return jax.tree.map(lambda x: _over_one(x, marks), tree)
-
-
-def traced_apart(fn: Callable[..., Any], *trees: Any) -> Any:
-    """``fn(*trees)`` traced a second time, each real floating leaf of ``trees`` divided by a barrier'd 1 of its
-    dtype, and added to the current trace; or None when traced otherwise than for the CPU, or when the trace has
-    effects (a ``jax.debug.print`` in a user's stage would run twice a step).
-
-    For a reduction over a step's result that the kernels writing the step's state must wait for:
-    :func:`updax.apply_if_finite` keeps the old state when the step is not finite. Over the first trace's
-    result XLA stores the step and each new state value, a temporary of the state's size written and read on
-    every step, and selects between them and the old state afterwards. Over this trace's, an expression of its
-    own (``x / 1`` is ``x`` bit for bit), XLA recomputes the step inside the reduction's kernels from the old
-    values; with the state ordered after the params (the wrapper names its pipeline's state ``state_last``),
-    the params' kernel recomputes it again and each state kernel writes its field in place. Worth it where the
-    step is cheap to compute again: an elementwise rule, not a matrix product.
-    """
-    if not _tree.traced_for_cpu(trees):
-        return None
-    ones: dict = {}
-    marked = jax.tree.map(lambda x: _over_one(x, ones) if _real_floating(x) else x, trees)
-    return traced_pure(lambda: fn(*marked))
-
-
-def traced_pure(fn: Callable[[], Any]) -> Any:
-    """``fn()`` added to the current trace, or None when its trace has effects: for a step computed on calls
-    whose result is then thrown away (a callback in it would run on those calls too)."""
-    closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-    return None if closed.effects else _inlined(closed, shapes)
-
-
-def _real_floating(x: Any) -> bool:
-    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
-
-
-def _inlined(closed: Any, shapes: Any) -> Any:
-    """A closed jaxpr's outputs, its operations added to the current trace."""
-    return jax.tree.unflatten(jax.tree.structure(shapes), jax.core.eval_jaxpr(closed.jaxpr, closed.consts))
-
-
-def traced_again(fn: Callable[[], Any]) -> Any:
-    """``fn()`` traced a second time inside :func:`recomputing` and added to the current trace, or None: when no
-    rule marked a value (the second trace would be merged with the first, and XLA would store the step for both
-    readers), or when the trace has effects (a ``jax.debug.print`` in a user's stage would run twice a step)."""
-    with recomputing() as marks:
-        closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-    if not marks or closed.effects:
-        return None
-    return _inlined(closed, shapes)
