@@ -21,7 +21,7 @@ import optax
 import pytest
 
 import updax as ux
-from updax._backend import _apart, _half, _order, _switch
+from updax._backend import _apart, _half, _order
 
 
 def params(dtype=jnp.float32):
