@@ -1,4 +1,9 @@
-"""Hypothesis profiles for the whole suite.
+"""Hypothesis profiles for the whole suite, the fast tier, and the subprocesses some tests start early.
+
+The fast tier, ``pytest -m fast tests src/updax/updates/_adam.py``, runs in under a minute on two cores what
+:data:`FAST` names (the laws, the layers, the object model, one optimizer's parity, the held numbers of two) and
+the docstring examples of the source files named on the command line: a contributor names the files they
+touched (docs/contributing.md).
 
 ``ci`` (the default) is deterministic: every run tests the same examples, so
 CI failures reproduce. ``long`` draws fresh examples on every run and is meant
@@ -41,8 +46,18 @@ SHARDED_OUT = pytest.StashKey[str]()
 _WORKER_KEY = "updax_sharded_out"
 
 
+#: The fast tier, by test id prefix: the core laws, the package's layers, the object model, one optimizer's parity
+#: with optax over 20 steps, and the held numbers of Adam and AdamW (eager and jitted).
+FAST = ("tests/test_laws.py", "tests/test_layers.py", "tests/test_core.py",
+        "tests/test_optimizers.py::test_parity_with_optax_over_20_steps[adam]",
+        "tests/test_held_numbers.py::test_the_numbers_are_the_ones_held[scale_by_adam-",
+        "tests/test_held_numbers.py::test_the_numbers_are_the_ones_held[optimizers/adamw-")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): run the module's tests in one pytest-xdist worker")
+    config.addinivalue_line("markers", "fast: the fast tier (FAST in tests/conftest.py, and the doctests of the "
+                                       "source files named on the command line)")
     if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
         config.stash[SHARDED_OUT] = os.path.join(tempfile.mkdtemp(prefix="updax-sharded-"), "results.txt")
     _compile_cache(config)
@@ -98,7 +113,9 @@ def sharded_out(config) -> str:
 
 def start_sharded_checks(out: str) -> subprocess.Popen:
     here = os.path.dirname(os.path.abspath(__file__))
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    # (XLA's cheapest compilation, FAST_COMPILE: they check values and placements, not speed; 141 s of CPU -> 68)
+    fast = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8 {fast}"
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     with open(out + ".err", "w") as err:
         return subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(here, "sharding_checks.py"), "--out", out],
@@ -108,6 +125,15 @@ def start_sharded_checks(out: str) -> subprocess.Popen:
 def _start_once(config, test_ids):
     if SHARDED_CHECKS not in config.stash and any("test_sharding.py" in test_id for test_id in test_ids):
         config.stash[SHARDED_CHECKS] = start_sharded_checks(config.stash[SHARDED_OUT])
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects)
+def pytest_collection_modifyitems(config, items):
+    named = {os.path.abspath(arg.split("::")[0]) for arg in config.args if arg.endswith(".py")}
+    for item in items:
+        doctest_named = type(item).__name__ == "DoctestItem" and os.path.abspath(item.path) in named
+        if doctest_named or item.nodeid.startswith(FAST):
+            item.add_marker(pytest.mark.fast)
 
 
 def pytest_collection_finish(session):

@@ -29,24 +29,30 @@ STEPS = 4
 BUILDERS = {**ENTRIES, **{f"optimizers/{name}": build for name, build in CASES.items()}}
 
 
-def run(name: str, jit: bool) -> dict[str, np.ndarray]:
-    """The params and the state after ``STEPS`` steps applied to the registry's nested params, by path."""
+def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The params and the state after ``STEPS`` steps applied to the registry's nested params, by path; and every
+    state leaf whose dtype or shape after a step differs from ``init``'s (``'step t path: before -> after'``)."""
     opt = BUILDERS[name]()
     params = nested_tree(seed=0)
     state = opt.init(params)
+    at_init = [(jax.tree_util.keystr(path), jax.typeof(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
 
     def step(opt, grads, state, params):
         updates, state = opt.update(grads, state, params, loss=1.0)
         return ux.apply_updates(params, updates), state
 
     step = jax.jit(step) if jit else step
+    drift = []
     for t in range(STEPS):
         params, state = step(opt, updates_for(opt, nested_tree(seed=t + 1)), state, params)
+        drift += [f"step {t + 1} {path}: {before.str_short()} -> {jax.typeof(x).str_short()}"
+                  for (path, before), x in zip(at_init, jax.tree.leaves(state))
+                  if (before.dtype, before.shape) != (x.dtype, x.shape)]
     out = {}
     for kind, tree in (("params", params), ("state", state)):
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
             out[f"{kind}{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
-    return out
+    return out, drift
 
 
 def key(name: str, jit: bool) -> str:
@@ -57,7 +63,7 @@ def record() -> None:
     arrays = {}
     for name in sorted(BUILDERS):
         for jit in (False, True):
-            for path, value in run(name, jit).items():
+            for path, value in run(name, jit)[0].items():
                 arrays[f"{key(name, jit)}|{path}"] = value
     PATH.parent.mkdir(exist_ok=True)
     np.savez_compressed(PATH, **arrays)

@@ -159,6 +159,22 @@ def test_an_accelerator_run_is_written_apart_from_the_cpu_run(tmp_path):
     assert bench.environment()["platform"] == jax.devices()[0].platform
 
 
+def test_the_device_check_runs_and_compares_with_the_cpu_and_optax(tmp_path):
+    """A smoke run of benchmarks/gpu_check.py (the device check's first part) on this machine's device: the step
+    compiled for it and for the CPU, and optax's, agree within the check's bounds; it exits 1 on a failure."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu_check.main(["--quick", "--optimizers", "adam,lion", "--out", str(tmp_path)]) == 0
+    rows = {row["optimizer"]: row for row in json.loads((tmp_path / "gpu_check-quick.json").read_text())["rows"]}
+    assert sorted(rows) == ["adam", "lion"] and all(row["ok"] for row in rows.values()), rows
+    assert rows["adam"]["vs_optax"] > 0  # (a real comparison: optax's Adam rounds apart)
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--optimizers", "adam+momentum"])
+
+
 def test_the_in_place_benchmark_runs_and_finds_the_copies_gone(tmp_path):
     """A smoke run of benchmarks/in_place.py on Lion: the ordered step copies nothing and needs no temporary where
     the unordered one and optax's copy the momentum, with the same numbers bit for bit."""

@@ -131,7 +131,7 @@ def combinator(factory: Callable[..., Update] | None = None, /, *, wraps: bool =
         functools.update_wrapper(method, factory)
         setattr(Update, fname, method)
         _REGISTRY[fname] = (build, wraps)
-        if factory.__module__.startswith("updax."):  # the catalogue's: its stage name is kept from import on
+        if (factory.__module__ or "").startswith("updax."):  # the catalogue's: its stage name is kept from import on
             reserve_name(fname, factory.__module__)
         return build
 

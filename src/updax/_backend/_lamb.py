@@ -6,7 +6,11 @@ between. This path gives the same numbers without that temporary: traced on
 CPU, by running the leaves one after another (see :func:`_in_leaf_order`),
 and otherwise by recomputing ``u`` where that pays (see
 :func:`_run_adam_then_trust_ratio`). ``tests/test_fused.py`` checks both
-against the stage-by-stage computation.
+against the stage-by-stage computation, bit for bit on the leaf-order path.
+What it saves: docs/performance.md, "Fused execution paths" and "One leaf
+after another" (``python benchmarks/run.py``'s ``lamb`` rows: step time,
+temporaries and compile time against the stage-by-stage path and optax's).
+With the hints off (:func:`updax.backend_hints`) LAMB runs stage by stage.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import collections
 
 import jax
-
 import jax.numpy as jnp
 
 from updax import _tree
@@ -146,6 +149,14 @@ def _signature(arrays):
     return tuple(jax.typeof(x) for x in arrays)
 
 
+def _stage_by_stage(stages, updates, states, params, extra):
+    new_states = []
+    for stage, state in zip(stages, states):
+        updates, state = stage.apply(updates, state, params, extra)
+        new_states.append(state)
+    return updates, tuple(new_states)
+
+
 def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     """LAMB's stages without a full-size temporary for the update the trust ratio measures.
 
@@ -167,6 +178,8 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     """
     if in_leaf_order(updates):
         return _in_leaf_order(stages, updates, states, params, extra)
+    if not _switch.enabled():  # (the generic path: the stages one by one)
+        return _stage_by_stage(stages, updates, states, params, extra)
     adam, *middle, trust = stages
 
     def through_middle(u, params):  # the stateless stages between Adam and the trust ratio

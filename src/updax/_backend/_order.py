@@ -7,8 +7,9 @@ old momentum, or a new value that XLA recomputes from the old one inside
 the params' kernel), the kernel that writes the field's new value into the
 same buffer has to wait for the params' kernel. XLA's copy insertion does
 not see that order, so it copies the old state first: a full-size
-temporary, mapped afresh and faulted in on every step (144 MB for Lion on
-the benchmark's T, more than half of its step time). optax's steps copy it.
+temporary, mapped afresh and faulted in on every step (for Lion on the
+benchmark's T, the larger part of its step time: docs/performance.md, "The
+state in place"). optax's steps copy it.
 
 A stage names such fields (``stateful(..., state_last=("mu",))``). Traced
 for the CPU, with params given to the outermost ``update``, each declared
@@ -43,12 +44,20 @@ the params (``flat_state``'s joined buffers) is left in XLA's order. A
 wrapper may name its whole pipeline's state (its ``wraps`` field): when
 the pipeline is elementwise every leaf of it shaped like a param is then
 ordered after that param (``apply_if_finite``, whose check reads a step
-computed again from the old state, :func:`traced_apart`; and
+computed again from the old state, :func:`updax._backend._apart.traced_apart`; and
 ``accumulate_gradients``, which computes the step on every call rather than
 in a conditional).
 
 A step traced for another backend keeps XLA's own order (XLA for GPUs
-writes both from one kernel), and an eager step has no schedule to order.
+writes both from one kernel), and an eager step has no schedule to order;
+neither does a step traced with the hints off (:func:`updax.backend_hints`).
+
+What it saves, optimizer by optimizer and inside wrappers: ``python
+benchmarks/in_place.py`` (``benchmarks/results/in_place*.md``, summed up in
+docs/performance.md, "The state in place"). That it changes no number and
+removes the copies: ``tests/test_in_place.py`` (bit for bit against the
+unordered step; the copies read from XLA's compiled program, with the
+unordered step's copies as the counter-case).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["backend_hints", "hinted"]
+__all__ = ["backend_hints", "enabled", "hinted"]
 
 #: Whether the hints are on: ``UPDAX_BACKEND_HINTS=0`` in the environment switches them off for the process.
 _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -59,6 +59,11 @@ def backend_hints(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _ENABLED.reset(token)
+
+
+def enabled() -> bool:
+    """Whether the hints are switched on (whatever the backend: a hint measured on every backend asks this)."""
+    return _ENABLED.get()
 
 
 def hinted(tree: Any) -> bool:
