@@ -37,7 +37,10 @@ def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
     state = opt.init(params)
     at_init = [(jax.tree_util.keystr(path), jax.typeof(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
 
+    traces = []
+
     def step(opt, grads, state, params):
+        traces.append(1)
         updates, state = opt.update(grads, state, params, loss=1.0)
         return ux.apply_updates(params, updates), state
 
@@ -48,6 +51,12 @@ def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
         drift += [f"step {t + 1} {path}: {before.str_short()} -> {jax.typeof(x).str_short()}"
                   for (path, before), x in zip(at_init, jax.tree.leaves(state))
                   if (before.dtype, before.shape) != (x.dtype, x.shape)]
+    if jit:  # one trace for every step, and for new values of the object's numbers (its leaves): no recompilation
+        tweaked = jax.tree.map(lambda v: v * 0.9 if isinstance(v, float) else v, opt)
+        assert jax.tree.structure(tweaked) == jax.tree.structure(opt)
+        step(tweaked, updates_for(opt, nested_tree(seed=STEPS + 1)), state, params)
+        if len(traces) != 1:
+            drift.append(f"traced {len(traces)} times: a new step or new hyperparameters recompiled the step")
     out = {}
     for kind, tree in (("params", params), ("state", state)):
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:

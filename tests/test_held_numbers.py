@@ -14,9 +14,11 @@ rounding.
 The same sweep checks that the state keeps ``init``'s dtypes and shapes after
 every step (a float32 field widened by a float64 computation breaks
 ``lax.cond``, ``lax.scan``, donation and checkpoints restored with ``init``'s
-shapes; float64 params: tests/test_state_dtypes.py), and, being every
-entry's eager and jitted numbers, is the contract's "jit and eager agree"
-for float32 (tests/test_contract.py keeps bfloat16's).
+shapes; float64 params: tests/test_state_dtypes.py), that the jitted step
+is traced once for every step and for new values of the object's numbers
+(no recompilation), and, being every entry's eager and jitted numbers, is
+the contract's "jit and eager agree" for float32 (tests/test_contract.py
+keeps bfloat16's).
 """
 
 from __future__ import annotations

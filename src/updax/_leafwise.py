@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import Literal, Var
 
 from updax import _tree
 
@@ -67,22 +68,43 @@ def _traced_once(fn: Callable[..., tuple], args: tuple, traces: dict) -> tuple:
     return tuple(jax.tree.unflatten(structure, outs))
 
 
-#: Eager steps' compiled rules, by the text of the rule's program and the types of its constants.
+#: Eager steps' compiled rules, by the text of the rule's program (its numbers lifted out) and its constants' types.
 _PROGRAMS: dict[tuple, Callable[..., Any]] = {}
 _MAX_PROGRAMS = 1024
 
 
 def _program(closed: Any) -> Callable[..., Any]:
-    """The rule of an eager step, compiled once: the same program a jitted step runs for the leaf, its constants
-    (the step's schedule values, bias corrections) passed as arguments, so that the next step, whose trace
-    prints the same, runs it again rather than compiling one program per operation and leaf shape."""
-    key = (str(closed.jaxpr), tuple(jax.typeof(c) for c in closed.consts))
+    """The rule of an eager step, compiled once, as ``program(consts, *args)``: the same program a jitted step
+    runs for the leaf, with its constants (the step's schedule values, bias corrections) and the numbers written
+    into it (a Python float option) passed as arguments, so that the next step, or a new value of an option,
+    runs it again rather than compiling one program per operation and leaf shape."""
+    jaxpr, numbers = _numbers_lifted(closed.jaxpr)
+    key = (str(jaxpr), tuple(jax.typeof(c) for c in closed.consts))
     if key not in _PROGRAMS:
         if len(_PROGRAMS) >= _MAX_PROGRAMS:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        jaxpr = closed.jaxpr
-        _PROGRAMS[key] = jax.jit(lambda consts, *args: jax.core.eval_jaxpr(jaxpr, consts, *args))
-    return _PROGRAMS[key]
+        _PROGRAMS[key] = jax.jit(lambda consts, numbers, *args: jax.core.eval_jaxpr(jaxpr, consts, *numbers, *args))
+    program = _PROGRAMS[key]
+    return lambda consts, *args: program(consts, numbers, *args)
+
+
+def _numbers_lifted(jaxpr: Any) -> tuple[Any, list]:
+    """``jaxpr`` with each scalar number written into its operations (a literal) made an input of its own, first,
+    and those numbers: two rules that differ in their numbers only have the same program."""
+    numbers, invars, eqns = [], [], []
+    for eqn in jaxpr.eqns:
+        operands = []
+        for v in eqn.invars:
+            if isinstance(v, Literal) and not jnp.shape(v.val):
+                operands.append(Var(v.aval))
+                invars.append(operands[-1])
+                numbers.append(v.val)
+            else:
+                operands.append(v)
+        eqns.append(eqn.replace(invars=operands))
+    if not numbers:
+        return jaxpr, numbers
+    return jaxpr.replace(invars=[*invars, *jaxpr.invars], eqns=eqns), numbers
 
 
 def store(call: str, name: str, out: jax.Array, like: jax.Array) -> jax.Array:
