@@ -14,8 +14,8 @@ default device. It reports the largest difference of (a) from (b) and from (c), 
 of each leaf (``run.check_equal``'s measure), with matrix products at full float32 precision on both
 devices (``jax_default_matmul_precision=highest``: a GPU's default rounds them to TF32). A pair passes when
 both are below ``TOLERANCE`` (``ESTIMATED_STEP``'s bound for the optimizers that estimate their step size); the
-pairs whose rules differ by design (``catalogue.LAGGED``) are compared with the CPU only. Results: ``benchmarks/results/gpu_check[-<platform>][-quick].json`` and ``.md``; the exit status
-is 1 when a pair fails.
+pairs whose rules differ by design (``catalogue.LAGGED``) are compared with the CPU only. Results:
+``benchmarks/results/gpu_check[-<platform>][-quick].json`` and ``.md``; the exit status is 1 when a pair fails.
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
     opt = BUILDERS[name]()
     params = nested_tree(seed=0)
     state = opt.init(params)
-    at_init = [(jax.tree_util.keystr(path), jax.typeof(x)) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+    at_init = [(jax.tree_util.keystr(path), jax.typeof(x))
+               for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
 
     traces = []
 

@@ -550,7 +550,8 @@ class Stage:
             if self.init_fn is None:
                 updates = check_updates(self.label, given, apply_fn(updates, params, **kwargs))
             else:
-                updates, state = check_stage_result(self.label, given, state, apply_fn(updates, state, params, **kwargs))
+                updates, state = check_stage_result(self.label, given, state,
+                                                    apply_fn(updates, state, params, **kwargs))
         if self.in_state:
             state = ScheduledState(state=state, count=_tree.safe_increment(outer.count),
                                    hyperparams={k: values[k] for k in sorted(self.in_state)})
