@@ -129,7 +129,7 @@ def _start_once(config, test_ids):
 
 @pytest.hookimpl(tryfirst=True)  # (before -m deselects)
 def pytest_collection_modifyitems(config, items):
-    named = {os.path.abspath(arg.split("::")[0]) for arg in config.args if arg.endswith(".py")}
+    named = {os.path.abspath(path) for path in (arg.split("::")[0] for arg in config.args) if path.endswith(".py")}
     for item in items:
         doctest_named = type(item).__name__ == "DoctestItem" and os.path.abspath(item.path) in named
         if doctest_named or item.nodeid.startswith(FAST):

@@ -18,6 +18,10 @@ trace takes, so JAX's caches of inner traces cannot mix the two.)
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,3 +131,12 @@ def test_the_step_traced_for_another_backend_gives_the_cpus_numbers(name):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=name)
         else:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+@pytest.mark.parametrize("value, out", [("0", "False"), ("1", "True"), ("false", "must be 0 (the generic path) or 1")])
+def test_the_environment_switches_the_hints_for_the_process_and_refuses_anything_else(value, out):
+    code = "import updax; from updax._backend import _switch; print(_switch.enabled())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "UPDAX_BACKEND_HINTS": value, "JAX_PLATFORMS": "cpu"})
+    assert out in run.stdout + run.stderr
+    assert (run.returncode == 0) == (value in ("0", "1"))

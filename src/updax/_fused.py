@@ -4,7 +4,9 @@ A path is registered for a run of consecutive stage names. A stage name binds
 its kernels (see :mod:`updax._stage`), so matching by name is matching by
 kernels. A fused path is an execution detail: the pipeline, its repr and its
 state are the same with or without it, and a parity test checks each path
-against the stage-by-stage computation.
+against the stage-by-stage computation. Fused paths are hints to the
+compiler (updax._backend registers them): with the hints off
+(:func:`updax.backend_hints`) every stage runs on its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from updax._backend import _switch
 from updax._stage import Stage
 
 __all__ = ["find", "register_fused_path", "registered"]
@@ -41,8 +44,8 @@ def registered() -> list[tuple[str, ...]]:
 
 
 def find(stages: Sequence[Stage], params: Any) -> tuple[FusedRun | None, int]:
-    """The fused run covering a prefix of ``stages`` and its width, or ``(None, 1)``."""
-    if params is None:
+    """The fused run covering a prefix of ``stages`` and its width, or ``(None, 1)`` (also with the hints off)."""
+    if params is None or not _switch.enabled():
         return None, 1
     for names, run in _PATHS:
         width = len(names)

@@ -59,13 +59,11 @@ def _traced_once(fn: Callable[..., tuple], args: tuple, traces: dict) -> tuple:
     signature = tuple(jax.typeof(a) for a in args)
     if signature not in traces:
         closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-        traces[signature] = (closed, jax.tree.structure(shapes))
-    closed, structure = traces[signature]
-    if any(isinstance(a, jax.core.Tracer) for a in (*args, *closed.consts)):
-        outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *args)
-    else:
-        outs = _program(closed)(closed.consts, *args)
-    return tuple(jax.tree.unflatten(structure, outs))
+        traced = any(isinstance(a, jax.core.Tracer) for a in (*args, *closed.consts))
+        run = (lambda *a: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *a)) if traced else _program(closed)
+        traces[signature] = (run, jax.tree.structure(shapes))
+    run, structure = traces[signature]
+    return tuple(jax.tree.unflatten(structure, run(*args)))
 
 
 #: Eager steps' compiled rules, by the text of the rule's program (its numbers lifted out) and its constants' types.
@@ -74,7 +72,7 @@ _MAX_PROGRAMS = 1024
 
 
 def _program(closed: Any) -> Callable[..., Any]:
-    """The rule of an eager step, compiled once, as ``program(consts, *args)``: the same program a jitted step
+    """The rule of an eager step, compiled once, as ``program(*args)``: the same program a jitted step
     runs for the leaf, with its constants (the step's schedule values, bias corrections) and the numbers written
     into it (a Python float option) passed as arguments, so that the next step, or a new value of an option,
     runs it again rather than compiling one program per operation and leaf shape."""
@@ -84,8 +82,8 @@ def _program(closed: Any) -> Callable[..., Any]:
         if len(_PROGRAMS) >= _MAX_PROGRAMS:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
         _PROGRAMS[key] = jax.jit(lambda consts, numbers, *args: jax.core.eval_jaxpr(jaxpr, consts, *numbers, *args))
-    program = _PROGRAMS[key]
-    return lambda consts, *args: program(consts, numbers, *args)
+    program, consts = _PROGRAMS[key], closed.consts
+    return lambda *args: program(consts, numbers, *args)
 
 
 def _numbers_lifted(jaxpr: Any) -> tuple[Any, list]:

@@ -41,7 +41,7 @@ def opaque_halves(declaration: Any, values: dict[str, Any], updates: Any) -> dic
     """``values`` (a stage's option values for one step) with each declared decay given as the number 0.5 made
     opaque to XLA's simplifier, when hinted; ``values`` itself otherwise."""
     halves = [k for k in declaration.schedulable if type(values.get(k)) is float and values[k] == 0.5
-              and _is_decay(dict(declaration.domains).get(k))]
+              and _is_decay(declaration.domain(k))]
     if not halves or not _switch.hinted(updates):
         return values
     return {**values, **{k: jax.lax.optimization_barrier(jnp.asarray(0.5)) for k in halves}}

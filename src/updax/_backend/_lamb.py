@@ -10,7 +10,8 @@ against the stage-by-stage computation, bit for bit on the leaf-order path.
 What it saves: docs/performance.md, "Fused execution paths" and "One leaf
 after another" (``python benchmarks/run.py``'s ``lamb`` rows: step time,
 temporaries and compile time against the stage-by-stage path and optax's).
-With the hints off (:func:`updax.backend_hints`) LAMB runs stage by stage.
+With the hints off (:func:`updax.backend_hints`) no fused path is taken
+(:func:`updax._fused.find`): LAMB runs stage by stage.
 """
 
 from __future__ import annotations
@@ -24,17 +25,13 @@ from updax import _tree
 from updax._backend import _switch
 from updax._fused import register_fused_path
 from updax._masks import leaf_mask
-from updax.updates._kernels import bias_corrections, safe_sqrt, trust_ratio, trust_ratios, trust_scaled
+from updax.updates._adam import adam_direction
+from updax.updates._kernels import bias_corrections, trust_ratio, trust_ratios, trust_scaled
 
 #: A leaf's update is recomputed when at least this many leaves share its shape and dtype ...
 RECOMPUTE_MIN_SHARED = 16
 #: ... and it has at most this many elements (see _run_adam_then_trust_ratio).
 RECOMPUTE_MAX_SIZE = 2**20
-
-
-def _adam_directions(mu, nu, c1, c2, eps, eps_root):
-    """Adam's step from the new moments, over whole trees: ``m/(1-b1^t) / (sqrt(v/(1-b2^t) + eps_root) + eps)``."""
-    return jax.tree.map(lambda m, v: m / c1 / (safe_sqrt(v / c2 + eps_root) + eps), mu, nu)
 
 
 def _trust_options(trust):
@@ -149,14 +146,6 @@ def _signature(arrays):
     return tuple(jax.typeof(x) for x in arrays)
 
 
-def _stage_by_stage(stages, updates, states, params, extra):
-    new_states = []
-    for stage, state in zip(stages, states):
-        updates, state = stage.apply(updates, state, params, extra)
-        new_states.append(state)
-    return updates, tuple(new_states)
-
-
 def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     """LAMB's stages without a full-size temporary for the update the trust ratio measures.
 
@@ -178,8 +167,6 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     """
     if in_leaf_order(updates):
         return _in_leaf_order(stages, updates, states, params, extra)
-    if not _switch.enabled():  # (the generic path: the stages one by one)
-        return _stage_by_stage(stages, updates, states, params, extra)
     adam, *middle, trust = stages
 
     def through_middle(u, params):  # the stateless stages between Adam and the trust ratio
@@ -205,7 +192,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     b1, b2, eps, eps_root = (adam.option(k) for k in ("b1", "b2", "eps", "eps_root"))
     c1, c2 = bias_corrections(adam_state.count, b1, b2)
     mu, nu, p = jax.lax.optimization_barrier((adam_state.mu, adam_state.nu, params))
-    again = jax.tree.map(lambda g, u: u.astype(g.dtype), updates, _adam_directions(mu, nu, c1, c2, eps, eps_root))
+    again = jax.tree.map(lambda g, m, v: adam_direction(m / c1, v, c2, eps, eps_root).astype(g.dtype), updates, mu, nu)
     again = through_middle(again, p)
     scaled = jax.tree.map(lambda u, again, r: trust_scaled(again if recompute(u) else u, r), u, again, ratios)
     return scaled, new_states

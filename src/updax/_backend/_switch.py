@@ -21,9 +21,17 @@ import jax
 
 __all__ = ["backend_hints", "enabled", "hinted"]
 
-#: Whether the hints are on: ``UPDAX_BACKEND_HINTS=0`` in the environment switches them off for the process.
-_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "updax_backend_hints", default=os.environ.get("UPDAX_BACKEND_HINTS", "1") != "0")
+def _from_environment() -> bool:
+    """``UPDAX_BACKEND_HINTS``: ``0`` switches the hints off for the process, ``1`` (or unset) leaves them on;
+    anything else is refused by name rather than read as one or the other."""
+    value = os.environ.get("UPDAX_BACKEND_HINTS", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"UPDAX_BACKEND_HINTS={value!r}: must be 0 (the generic path) or 1 (the hints, the default)")
+    return value == "1"
+
+
+#: Whether the hints are on (:func:`backend_hints` switches them for a block, the environment for the process).
+_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("updax_backend_hints", default=_from_environment())
 
 
 @contextlib.contextmanager

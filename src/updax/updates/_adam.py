@@ -119,6 +119,12 @@ def _adam_like_update(call, rule, updates, state, count):
     return u, state._replace(mu=mu, nu=nu, count=count)
 
 
+def adam_direction(m_hat, v, c2, eps, eps_root):
+    """Adam's step from the first moment estimate and the new second moment: ``m̂ / (sqrt(v/(1-b2^t) + eps_root) +
+    eps)`` (LAMB's fused path recomputes it: one formula for both)."""
+    return m_hat / (safe_sqrt(v / c2 + eps_root) + eps)
+
+
 def _first_moment_estimate(count, b1, c1, nesterov):
     """``m ↦ m̂`` and whether it needs the gradient: ``m/(1-b1^t)``, or with Nesterov's look-ahead (Dozat 2016, as
     optax's ``nesterov=True``) ``b1·m/(1-b1^(t+1)) + (1-b1)·g/(1-b1^t)``."""
@@ -144,7 +150,7 @@ def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
     def rule(g, m, v):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * abs_sq(g)
-        u = m_hat(m, g) / (safe_sqrt(v / c2 + eps_root) + eps)
+        u = adam_direction(m_hat(m, g), v, c2, eps, eps_root)
         return u, m, v
 
     return _adam_like_update(call, rule, updates, state, count)
@@ -280,7 +286,7 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * abs_sq(g)
         m_hat = estimate(m, g)
-        u = jnp.where(rectified, r * m_hat / (safe_sqrt(v / c2 + eps_root) + eps), m_hat)
+        u = jnp.where(rectified, adam_direction(r * m_hat, v, c2, eps, eps_root), m_hat)
         return u, m, v
 
     return _adam_like_update("scale_by_radam", rule, updates, state, count)
@@ -351,7 +357,7 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
         g2 = abs_sq(g)
         m = b1 * m + (1 - b1) * g
         v = v - (1 - b2) * jnp.sign(v - g2) * g2
-        u = m / c1 / (safe_sqrt(v / c2 + eps_root) + eps)
+        u = adam_direction(m / c1, v, c2, eps, eps_root)
         return u, m, v
 
     return _adam_like_update("scale_by_yogi", rule, updates, state, count)

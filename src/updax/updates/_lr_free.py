@@ -330,9 +330,10 @@ def dadapt_adamw_step(updates, state, params, learning_rate, b1, b2, eps, decay,
     treedef, leaves = _tree.side_by_side(call, (updates, state.mu, state.nu, state.grad_sum, params),
                                          ("updates", "state.mu", "state.nu", "state.grad_sum", "params"))
     outs, mus, nus, sums, dots, l1s = [], [], [], [], [], []
-    for (g_in, m_in, v_in, s_in, p_in), decays in zip(leaves, leaf_mask(call, mask, params)):
-        g, m, v_old, s_old, p = (_tree.cast(x, _tree.compute_dtype(*(x.dtype for x in (g_in, m_in, v_in, s_in, p_in))))
-                                 for x in (g_in, m_in, v_in, s_in, p_in))
+    for stored, decays in zip(leaves, leaf_mask(call, mask, params)):
+        c = _tree.compute_dtype(*(x.dtype for x in stored))
+        g, m, v_old, s_old, p = (_tree.cast(x, c) for x in stored)
+        g_in, m_in, v_in, s_in, _ = stored
         dot = jnp.sum(g * _div_positive(s_old, safe_sqrt(v_old) + eps, eps))  # <g, s>, weighted by the old v
         m = b1 * m + (1 - b1) * dlr * g
         v = b2 * v_old + (1 - b2) * g * g
@@ -588,8 +589,7 @@ def cocob_step(updates, state, params, alpha, rewarded=list):
         big_g = big_g + jnp.abs(g)
         bet = _div(theta * (big_l + reward), big_l * jnp.maximum(big_g + big_l, alpha * big_l))
         u = x0 - bet - x
-        new.append([value.astype(like.dtype) for value, like in zip((u, theta, big_l, big_g, reward),
-                                                                    (stored[0], *stored[1:5]))])
+        new.append([value.astype(like.dtype) for value, like in zip((u, theta, big_l, big_g, reward), stored)])
     out, sum_grads, max_abs, sum_abs, reward = (treedef.unflatten([leaf[i] for leaf in new]) for i in range(5))
     return out, ScaleByCocobState(init_params=state.init_params, sum_grads=sum_grads, max_abs_grad=max_abs,
                                   sum_abs_grads=sum_abs, reward=reward)
