@@ -13,8 +13,9 @@ pick its number of examples per target. Both print the reproduction blob of a
 failure, and neither has a deadline (a JAX example's time is mostly
 compilation, which varies with the machine).
 
-Each test process also keeps JAX's persistent compilation cache in a
-directory of its own for the run (see :func:`_compile_cache`).
+Each test process compiles at XLA's cheapest (tests/compile_options.py; ``UPDAX_TEST_COMPILE=default``
+compiles as a user's program does) and keeps JAX's persistent compilation cache in a directory of its own for
+the run (see :func:`_compile_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from compile_options import FAST_COMPILE, USER_XLA_FLAGS, xla_flags
+
+# XLA's cheapest compilation in every test process, set before JAX starts (the workers and the subprocesses the
+# tests start inherit it): tests/compile_options.py says which checks compile at the defaults instead.
+_COMPILE = os.environ.get("UPDAX_TEST_COMPILE", "fast")
+if _COMPILE not in ("fast", "default"):
+    raise pytest.UsageError(f"UPDAX_TEST_COMPILE={_COMPILE!r}: 'fast' (XLA's cheapest compilation, the default) "
+                            "or 'default' (XLA's default, as a user's program)")
+os.environ["UPDAX_TEST_USER_XLA_FLAGS"] = USER_XLA_FLAGS
+os.environ["XLA_FLAGS"] = f"{USER_XLA_FLAGS} {xla_flags(FAST_COMPILE) if _COMPILE == 'fast' else ''}".strip()
 
 _COMMON = {"deadline": None, "print_blob": True, "suppress_health_check": [HealthCheck.too_slow]}
 
@@ -113,9 +125,8 @@ def sharded_out(config) -> str:
 
 def start_sharded_checks(out: str) -> subprocess.Popen:
     here = os.path.dirname(os.path.abspath(__file__))
-    # (XLA's cheapest compilation, FAST_COMPILE: they check values and placements, not speed; 141 s of CPU -> 68)
-    fast = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items())
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8 {fast}"
+    # (XLA's cheapest compilation, FAST_COMPILE, always: they check values and placements; 141 s of CPU -> 68)
+    flags = f"{USER_XLA_FLAGS} --xla_force_host_platform_device_count=8 {xla_flags(FAST_COMPILE)}"
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     with open(out + ".err", "w") as err:
         return subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(here, "sharding_checks.py"), "--out", out],
@@ -146,17 +157,12 @@ def pytest_xdist_node_collection_finished(node, ids):
     _start_once(node.config, ids)
 
 
-#: XLA's cheapest compilation (4x faster here), for checks of values, not speed.
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
-
-
-def start_float64(module: str, function: str, fast_compile: bool = True) -> subprocess.Popen:
+def start_float64(module: str, function: str) -> subprocess.Popen:
     """``module.function()`` (a test module of this folder) in a subprocess with ``JAX_ENABLE_X64=1``, which must
     be set before JAX starts; started early so that it runs alongside the tests of the process that waits for it."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = f"import sys; sys.path.insert(0, {here!r}); import {module}; {module}.{function}()"
-    flags = " ".join(f"--{k}={str(v).lower()}" for k, v in FAST_COMPILE.items()) if fast_compile else ""
-    env = {**os.environ, "JAX_ENABLE_X64": "1", "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
+    env = {**os.environ, "JAX_ENABLE_X64": "1"}  # (and this process's XLA_FLAGS)
     return subprocess.Popen([sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import updax as ux
+from compile_options import DEFAULT_COMPILE
 from updax import _fused
 from updax._backend import _lamb as _fused_lamb
 
@@ -137,7 +138,8 @@ def test_lamb_step_stores_no_update_per_layer(leaf_order):
             u, s = run(g, s, p)
             return ux.apply_updates(p, u), s
 
-        compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), params).compile()
+        compiled = jax.jit(step, donate_argnums=(0, 1), compiler_options=DEFAULT_COMPILE).lower(
+            params, opt.init(params), params).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     layer_bytes = (2 * 128 * 256 + 128) * 4
@@ -158,7 +160,8 @@ def test_leaf_order_keeps_at_most_one_leaf_of_temporaries():
         u, s = opt.update(g, s, p)
         return ux.apply_updates(p, u), s
 
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt.init(params), params).compile()
+    compiled = jax.jit(step, donate_argnums=(0, 1), compiler_options=DEFAULT_COMPILE).lower(
+            params, opt.init(params), params).compile()
     largest = max(p.nbytes for p in jax.tree.leaves(params))
     assert compiled.memory_analysis().temp_size_in_bytes <= 1.5 * largest
 

@@ -23,7 +23,8 @@ import optax
 import pytest
 
 import updax as ux
-from conftest import FAST_COMPILE, finish, start_float64
+from compile_options import FAST_COMPILE
+from conftest import finish, start_float64
 from registry import ENTRIES, NEEDS_PARAMS, nested_tree, updates_for
 
 #: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.

@@ -9,7 +9,10 @@ leafwise rule now runs as one compiled program per kind of leaf (the one a
 jitted step runs, :mod:`updax._leafwise`) where it ran operation by
 operation, and XLA's program rounds otherwise in places (a division by a
 scalar as a product by its reciprocal): eager numbers are held to float32
-rounding.
+rounding. The jitted steps compile as a user's program does; the eager ones
+at the test processes' cheapest compilation (tests/compile_options.py), which
+rounds otherwise in the last bit, and three rules carry that bit further
+(:data:`EAGER_ATOL`).
 
 The same sweep checks that the state keeps ``init``'s dtypes and shapes after
 every step (a float32 field widened by a float64 computation breaks
@@ -28,6 +31,12 @@ import pytest
 
 from held_numbers import BUILDERS, PATH, key, run
 
+#: Eager bounds wider than float32 rounding (1e-6), where a rule carries a last-bit difference further: Muon's five
+#: Newton-Schulz iterations (about 1e-6 of the leaf's largest value, 9), and the line searches' loss at the
+#: candidate, a sum of squares of ``params - centre`` that cancels (2e-6 on 0.011).
+EAGER_ATOL = {"scale_by_muon": 5e-5, "scale_by_zoom_linesearch": 1e-5, "scale_by_backtracking_linesearch": 1e-5}
+
+
 @pytest.fixture(scope="module")
 def held():
     with np.load(PATH) as data:
@@ -44,7 +53,7 @@ def test_the_numbers_are_the_ones_held(name, jit, held):
     if not want:  # (an entry added since: its jitted and eager numbers agree, as the contract asks)
         want = run(name, not jit)[0]
         for path, value in got.items():
-            np.testing.assert_allclose(value, want[path], rtol=1e-5, atol=1e-6, err_msg=path)
+            np.testing.assert_allclose(value, want[path], rtol=1e-5, atol=EAGER_ATOL.get(name, 1e-6), err_msg=path)
         return
     assert sorted(got) == sorted(want)
     for path, value in got.items():
@@ -52,5 +61,5 @@ def test_the_numbers_are_the_ones_held(name, jit, held):
         if jit:
             np.testing.assert_array_equal(value, want[path], err_msg=path)
         else:
-            np.testing.assert_allclose(value, want[path], rtol=1e-5, atol=1e-6, err_msg=path)
+            np.testing.assert_allclose(value, want[path], rtol=1e-5, atol=EAGER_ATOL.get(name, 1e-6), err_msg=path)
 

@@ -21,6 +21,7 @@ import optax
 import pytest
 
 import updax as ux
+from compile_options import DEFAULT_COMPILE
 from updax._backend import _apart, _half, _order
 
 
@@ -61,7 +62,7 @@ def step_fn(opt, apply=ux.apply_updates):
         updates, s = opt.update(g, s, p)
         return apply(p, updates), s
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    return jax.jit(step, donate_argnums=(0, 1), compiler_options=DEFAULT_COMPILE)  # (a user's program)
 
 
 def copies(opt, p, apply=ux.apply_updates):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from compile_options import DEFAULT_COMPILE
 from registry import nested_tree
 
 import updax as ux
@@ -57,7 +58,7 @@ LINESEARCHES = {
 def _solver(opt, fn, value_and_grad_from_state, apply):
     value_and_grad = value_and_grad_from_state(fn)
 
-    @jax.jit
+    @jax.jit(compiler_options=DEFAULT_COMPILE)  # (the line search's branches follow the default program's rounding)
     def step(params, state):
         value, grad = value_and_grad(params, state=state)
         updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fn)

@@ -168,9 +168,8 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 
         >>> u, state = opt.update(g, state)
         >>> u["b"]  # unfactored, β = 0 on the first step: sign(g)
         Array([ 1., -1.,  1.], dtype=float32)
-        >>> u["w"]  # factored: g divided by a rank-one estimate of |g|
-        Array([[0.6183 , 0.9469, 1.1402 ],
-               [1.0547 , 1.0094 , 0.9723 ]], dtype=float32)
+        >>> u["w"].tolist()  # factored: g divided by a rank-one estimate of |g|
+        [[0.6183, 0.9469, 1.1402], [1.0547, 1.0094, 0.9723]]
         >>> opt.get_state(state, "scale_by_factored_rms.v_row")["w"].shape  # one per row: w is 2 x 3
         (2,)
 

@@ -1,0 +1,46 @@
+"""How the tests ask XLA to compile: its cheapest compilation for checks of values, its default where a check
+holds the program a user gets.
+
+Most of the suite's time is XLA compiling small programs that run once. At
+optimization level 0 and without the fusion emitters (:data:`FAST_COMPILE`)
+the CPU compiles them about four times faster, computing the same operations
+and rounding otherwise in the last bit in places (a product kept in a
+register, a sum in another order). ``tests/conftest.py`` makes it every test
+process's default, before JAX starts.
+
+The checks that hold XLA's default program compile with
+:data:`DEFAULT_COMPILE`, the options a user's program gets: the held numbers
+bit for bit (tests/test_held_numbers.py), the compiled program's copies and
+temporaries (tests/test_in_place.py, tests/test_fused.py), the parities whose
+tolerance the default program sets (Muon's and L-BFGS's, over many steps),
+and the device check's smoke run. The held numbers were written at XLA's
+default: that every jitted entry gives them bit for bit with these options is
+what shows they are the defaults. ``UPDAX_TEST_COMPILE=default pytest`` runs
+the whole suite at XLA's default compilation.
+
+This module has no side effect, so that ``python tests/held_numbers.py``
+(which records at the defaults) can import it.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: XLA's cheapest compilation for the CPU (about 4x faster here), for checks of values, not of the program.
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
+#: XLA's default compilation, the one a user's program gets, for the checks that hold its program or its numbers.
+DEFAULT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
+
+#: ``XLA_FLAGS`` as the user started the tests (conftest adds :data:`FAST_COMPILE` to the processes' own).
+USER_XLA_FLAGS = os.environ.get("UPDAX_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+
+
+def xla_flags(options: dict) -> str:
+    """``options`` written as ``XLA_FLAGS``."""
+    return " ".join(f"--{name}={str(value).lower()}" for name, value in options.items())
+
+
+def default_compile_env() -> dict[str, str]:
+    """The environment of a subprocess that compiles as a user's program does (the user's ``XLA_FLAGS``)."""
+    return {**os.environ, "XLA_FLAGS": USER_XLA_FLAGS}
