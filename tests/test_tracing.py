@@ -137,6 +137,28 @@ def test_one_trace_for_many_leaves_gives_each_leafs_numbers_and_a_finite_derivat
     assert np.all(np.isfinite(np.asarray(grad["a"])))
 
 
+def test_a_root_with_its_own_derivative_is_one_call_per_leaf_signature_and_differentiates_as_each_leafs():
+    """The rule's ``safe_sqrt`` (a ``jax.custom_jvp``) is bound once for the leaves of one signature, not once per
+    leaf; the derivative, jitted inside or outside, is each leaf's own (finite at the zero radicand)."""
+    g = {"a": jnp.asarray([0.0, 1.5, -3.0]), "b": jnp.ones((2, 2)), "c": jnp.asarray([0.25, 0.0, 4.0]),
+         "d": [jnp.asarray([1.0, 2.0, 0.0]) for _ in range(5)]}
+    m = jax.tree.map(jnp.zeros_like, g)
+    names = ("updates", "state.m")
+
+    def loss(rule):
+        return lambda g: sum(jnp.sum(jnp.sin(u)) for u in jax.tree.leaves(rule(g)))
+
+    together = loss(lambda g: _leafwise.per_leaf("test", _rule, (g, m), names)[0])
+    alone = loss(lambda g: _each_on_its_own(g, m)[0])
+    text = str(jax.make_jaxpr(together)(g))
+    assert text.count("custom_jvp_call[") == 2  # (f32[3] for seven leaves, f32[2,2] for one)
+    want = jax.grad(alone)(g)
+    assert np.isfinite(np.asarray(want["a"])).all()
+    for got in (jax.grad(together)(g), jax.jit(jax.grad(together))(g), jax.grad(jax.jit(together))(g)):
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
 def _each_on_its_own(g, m):
     """``_rule`` leaf by leaf with a tree map (each leaf traced on its own), cast and stored as per_leaf does."""
     def leaf(g, m):

@@ -7,12 +7,15 @@ the update in the update's dtype, each moment in its storage dtype.
 
 Tracing is paid once per kind of leaf, here, so that no rule has to write
 its arithmetic for the tracer: the leaves with one signature (shape, dtype,
-weak type and sharding of every argument) share one trace of ``fn``, which
-is then run for each of them, operation by operation, as the tracing of
-each would have added them. A model of a thousand layers of a few shapes
-traces its rule a few times. Under ``jax.jit`` the program, and so every
-number, is the one tracing each leaf on its own gives
-(``tests/test_held_numbers.py``). Eagerly, the rule of each kind of leaf
+weak type and sharding of every argument) share one trace of ``fn``, whose
+operations are then bound again for all of them, one operation after the
+other, as the tracing of each would have added them. A model of a thousand
+layers of a few shapes traces its rule a few times, and a root with a
+derivative rule of its own (``safe_sqrt``, a ``jax.custom_jvp``, which JAX
+traces and lowers as a sub-program per call) is one call per kind of leaf,
+not one per leaf. Under ``jax.jit`` the numbers are the ones tracing each
+leaf on its own gives (``tests/test_held_numbers.py``, bit for bit; the
+derivatives: ``tests/test_tracing.py``). Eagerly, the rule of each kind of leaf
 runs as one compiled program, the one a jitted step runs for that leaf,
 kept from step to step, rather than one small program per operation.
 """
@@ -43,27 +46,81 @@ def per_leaf(call: str, fn: Callable[..., tuple], trees: Sequence[Any], names: S
     ``call`` and the first differing path.
     """
     treedef, columns = _tree.side_by_side(call, tuple(trees), tuple(names))
-    traces: dict = {}
-    outs = []
-    for xs in columns:
+    kinds: dict[tuple, list[int]] = {}  # the leaves of each signature, in the trees' order
+    args = []
+    for i, xs in enumerate(columns):
         c = _tree.compute_dtype(*(x.dtype for x in xs))
-        results = _traced_once(fn, tuple(_tree.cast(x, c) for x in xs), traces)
-        outs.append(tuple(store(call, name, out, x) for out, x, name in zip(results, xs, names)))
+        args.append(tuple(_tree.cast(x, c) for x in xs))
+        kinds.setdefault(tuple(jax.typeof(a) for a in args[-1]), []).append(i)
+    results: list = [None] * len(columns)
+    for leaves in kinds.values():
+        for i, out in zip(leaves, _run_together(fn, [args[i] for i in leaves])):
+            results[i] = tuple(store(call, name, o, x) for o, x, name in zip(out, columns[i], names))
     n_out = len(trees) if n_out is None else n_out
-    return tuple(treedef.unflatten([out[i] for out in outs]) for i in range(n_out))
+    return tuple(treedef.unflatten([out[i] for out in results]) for i in range(n_out))
 
 
-def _traced_once(fn: Callable[..., tuple], args: tuple, traces: dict) -> tuple:
-    """``fn(*args)``, from the one trace of ``fn`` kept in ``traces`` for the arguments' signature: run inside the
-    current trace, or eagerly as one compiled program (:func:`_program`)."""
-    signature = tuple(jax.typeof(a) for a in args)
-    if signature not in traces:
-        closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-        traced = any(isinstance(a, jax.core.Tracer) for a in (*args, *closed.consts))
-        run = (lambda *a: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *a)) if traced else _program(closed)
-        traces[signature] = (run, jax.tree.structure(shapes))
-    run, structure = traces[signature]
-    return tuple(jax.tree.unflatten(structure, run(*args)))
+def _run_together(fn: Callable[..., tuple], args: list[tuple]) -> list[tuple]:
+    """``fn(*a)`` for each ``a`` of ``args`` (the leaves of one signature), from one trace of ``fn``: its
+    operations bound again inside the current trace (:func:`_replay`), or eagerly one compiled program
+    (:func:`_program`)."""
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args[0])
+    structure = jax.tree.structure(shapes)
+    if any(isinstance(a, jax.core.Tracer) for a in (*args[0], *closed.consts)):
+        outs = _replay(closed.jaxpr, closed.consts, args)
+    else:
+        program = _program(closed)
+        outs = [program(*a) for a in args]
+    return [tuple(jax.tree.unflatten(structure, out)) for out in outs]
+
+
+def _replay(jaxpr: Any, consts: Sequence[Any], args: list[tuple]) -> list[list]:
+    """``jaxpr``'s operations bound again on each of ``args``, operation by operation: what tracing the rule on
+    each would add to the current trace, at the cost of one ``bind`` per operation and leaf (the jaxpr was traced
+    here, in this context, a moment ago, so the operations need neither their source locations nor their context
+    restored, as ``jax.core.eval_jaxpr`` does for any jaxpr). A function with a rule of its own for derivatives
+    (a ``jax.custom_jvp``, a root whose derivative at 0 is taken as 0) is bound once for all the leaves
+    (:func:`_together`): one call per leaf would be traced and lowered once per leaf."""
+    envs = [dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, a)) for a in args]
+
+    def read(env: dict, v: Any) -> Any:
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "custom_jvp_call" and len(envs) > 1:
+            outs = _together(eqn, len(envs))(*(read(env, v) for env in envs for v in eqn.invars))
+            k = len(eqn.outvars)
+            for j, env in enumerate(envs):
+                env.update(zip(eqn.outvars, outs[j * k:(j + 1) * k]))
+            continue
+        params = eqn.primitive.get_bind_params(eqn.params)
+        for env in envs:
+            out = eqn.primitive.bind(*(read(env, v) for v in eqn.invars), **params)
+            env.update(zip(eqn.outvars, out) if eqn.primitive.multiple_results else ((eqn.outvars[0], out),))
+    return [[read(env, v) for v in jaxpr.outvars] for env in envs]
+
+
+def _together(eqn: Any, n: int) -> Callable[..., tuple]:
+    """The ``custom_jvp`` call ``eqn``, once for ``n`` sets of operands (flat, one set after another): its
+    function on each set for the values, and its own derivative rule on each set for the tangents."""
+    call_jaxpr, params, k = eqn.params["call_jaxpr"], eqn.primitive.get_bind_params(eqn.params), len(eqn.invars)
+
+    @jax.custom_jvp
+    def together(*flat: Any) -> tuple:
+        return tuple(out for j in range(n)
+                     for out in jax.core.eval_jaxpr(call_jaxpr.jaxpr, call_jaxpr.consts, *flat[j * k:(j + 1) * k]))
+
+    @together.defjvp
+    def _(primals: tuple, tangents: tuple) -> tuple:
+        outs, touts = [], []
+        for j in range(n):
+            out, tout = jax.jvp(lambda *a: eqn.primitive.bind(*a, **params), primals[j * k:(j + 1) * k],
+                                tangents[j * k:(j + 1) * k])
+            outs += out
+            touts += tout
+        return tuple(outs), tuple(touts)
+
+    return together
 
 
 #: Eager steps' compiled rules, by the text of the rule's program (its numbers lifted out) and its constants' types.
