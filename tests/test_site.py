@@ -27,8 +27,8 @@ MODULES = [ux] + [importlib.import_module(f"updax.{m.name}") for m in pkgutil.it
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """{page: html} of the API reference (docs/api/) in a strict build of the site."""
+def site(tmp_path_factory):
+    """The directory of a strict build of the site."""
     missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
     if missing:
         pytest.fail(f"the docs extra is not installed ({', '.join(missing)} missing): pip install -e '.[docs]'")
@@ -37,7 +37,29 @@ def reference(tmp_path_factory):
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr
+    return site
+
+
+@pytest.fixture(scope="module")
+def reference(site):
+    """{page: html} of the API reference (docs/api/) in the strict build."""
     return {page.relative_to(site).as_posix(): page.read_text() for page in sorted((site / "api").rglob("*.html"))}
+
+
+#: A script, a style sheet or a font fetched from outside the site: an HTML ``src``/``href`` of a ``<script>`` or
+#: ``<link>``, or a CSS ``url(...)``/``@import``, that names a scheme or starts with ``//``.
+_EXTERNAL = re.compile(r"<(?:script|link)\b[^>]*\b(?:src|href)=[\"']?((?:[a-z]+:)?//[^\"' >]+)"
+                       r"|(?:url\(|@import\s+)[\"']?((?:[a-z]+:)?//[^\"')\s]+)", re.IGNORECASE)
+
+
+def test_the_built_site_loads_no_script_style_or_font_from_outside_itself(site):
+    """Read with no network, no page logs a failed script and none downloads one online: every script, style
+    sheet and font the site uses is inside the site (mkdocs.yml: no CDN maths, theme.font false)."""
+    files = sorted(site.rglob("*.html")) + sorted(site.rglob("*.css"))
+    assert len(files) > 20
+    found = {f"{f.relative_to(site)}: {''.join(m)}" for f in files for m in _EXTERNAL.findall(f.read_text())}
+    assert not found, sorted(found)[:10]
+    assert _EXTERNAL.search('<script src="https://cdn.example/x.js">') and _EXTERNAL.search("url(//fonts.x/a.woff)")
 
 
 def _where_documented(module, name):
