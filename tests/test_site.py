@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("site")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: The import names of the docs extra's packages (pyproject.toml).
-DOCS_EXTRA = ["mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "pymdownx"]
+DOCS_EXTRA = ["mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "pymdownx", "latex2mathml"]
 #: updax and its public sub-modules: each one's ``__all__`` is documented.
 MODULES = [ux] + [importlib.import_module(f"updax.{m.name}") for m in pkgutil.iter_modules(ux.__path__)
                   if not m.name.startswith("_")]
@@ -88,3 +88,17 @@ def test_the_reference_renders_the_docstrings_markup(reference):
         assert "<blockquote>" not in html, f"{page}: a docstring's >>> lines render as a quote, not as code"
         raw = re.findall(r":(?:func|class|meth|attr|mod|data|obj):<code>[^<]*</code>", html)
         assert not raw, f"{page}: reStructuredText roles left as text: {raw}"
+
+
+def test_every_formula_is_mathml_in_the_built_site(site):
+    """docs/hooks/maths.py's work: LaTeX (``$...$``, ``$$``) in pages and docstrings is MathML when the site is
+    built, so it renders with no script; no formula is left as text. Adam's rule is one display in its entry."""
+    pages = {f.relative_to(site).as_posix(): f.read_text() for f in sorted(site.rglob("*.html"))}
+    for page, html in pages.items():
+        text = re.sub(r"<(pre|code|math)\b.*?</\1>", "", html, flags=re.S)  # code may show a dollar or a \\gets
+        assert "arithmatex" not in text and "$$" not in text, f"{page}: a formula left as text"
+        left = re.findall(r"\\(?:frac|gets|sqrt|begin|epsilon|hat)\b", text)
+        assert not left, f"{page}: LaTeX left as text: {left[:5]}"
+    adam = pages["api/updates/index.html"].split('id="updax.updates.scale_by_adam"')[1].split(' id="updax.')[0]
+    display = re.findall(r'<math [^>]*display="block">.*?</math>', adam, re.S)
+    assert len(display) == 1 and display[0].count("<mtr>") == 3 and "<msqrt>" in display[0] and "<mfrac>" in display[0]

@@ -160,13 +160,18 @@ def _adam_step(call, updates, state, b1, b2, eps, eps_root, nesterov):
 def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                   eps_root: ScalarOrSchedule = 1e-15, *, mu_dtype: DType = None, nu_dtype: DType = None,
                   nesterov: bool = False) -> Update:
-    """Scales updates by Adam's bias-corrected moment ratio.
+    r"""Scales updates by Adam's bias-corrected moment ratio.
 
-    Update rule (t counts from 1; ``m̂ = m/(1-b1^t)``)::
+    Update rule, for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``:
 
-        m ← b1·m + (1-b1)·g
-        v ← b2·v + (1-b2)·g²
-        u = m̂ / (sqrt(v/(1-b2^t) + eps_root) + eps)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    u &= \frac{m / (1 - b_1^t)}{\sqrt{v / (1 - b_2^t) + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
@@ -177,9 +182,10 @@ def scale_by_adam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps:
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
-        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
-            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
-            prints only when True. Default: ``False``.
+        nesterov: use Nesterov's look-ahead first moment,
+            $\hat m = b_1 m / (1 - b_1^{t+1}) + (1 - b_1)\, g / (1 - b_1^t)$
+            (NAdam's, as optax's ``nesterov=True``); it prints only when True.
+            Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByAdamState(mu, nu, count)``.
