@@ -102,3 +102,40 @@ def test_every_formula_is_mathml_in_the_built_site(site):
     adam = pages["api/updates/index.html"].split('id="updax.updates.scale_by_adam"')[1].split(' id="updax.')[0]
     display = re.findall(r'<math [^>]*display="block">.*?</math>', adam, re.S)
     assert len(display) == 1 and display[0].count("<mtr>") == 3 and "<msqrt>" in display[0] and "<mfrac>" in display[0]
+
+
+def test_signatures_are_formatted_one_parameter_per_line(reference):
+    """mkdocstrings formats a long signature with ruff (in the docs extra): one parameter a line, not one cut line."""
+    adam = reference["api/updates/index.html"].split('id="updax.updates.scale_by_adam"')[1]
+    signature = re.sub(r"<[^>]+>", "", adam.split('class="doc-signature')[1].split("</code>")[0])
+    assert re.search(r"\(\n    b1: ScalarOrSchedule = 0\.9,\n    b2: ", signature), signature[:200]
+
+
+def test_the_updates_reference_is_grouped_in_the_catalogues_families(reference):
+    """docs/hooks/reference.py: the sections of api/updates are the catalogue's, in its order, each with its names."""
+    catalogue = (ROOT / "docs" / "catalogue.md").read_text()
+    titles = re.findall(r"^## (.+)$", catalogue, re.M)
+    html = reference["api/updates/index.html"]
+    sections = re.findall(r'<h2 id="[^"]*"[^>]*>(.*?)<', html)
+    assert sections and sections == [t for t in titles if t in sections]
+    assert len(sections) >= 15 and "Other names" not in sections
+    family = {s: set(re.findall(r'id="updax\.updates\.(\w+)"', part))
+              for s, part in zip(sections, re.split(r"<h2 id=", html)[1:])}
+    assert {"scale_by_adam", "scale_by_rms"} <= family["Adaptive rules"] and "stateless" in family["Primitives"]
+    assert set().union(*family.values()) == set(ux.updates.__all__)
+
+
+def test_public_names_in_the_pages_link_to_their_entries(site):
+    """docs/hooks/reference.py: inline code naming a public name links to its reference entry; code blocks do not."""
+    catalogue = (site / "catalogue" / "index.html").read_text()
+    assert re.search(r'<a class="autorefs[^"]*"[^>]*href="\.\./api/updates/#updax\.updates\.scale_by_adam"', catalogue)
+    optimizers = (site / "optimizers" / "index.html").read_text()
+    assert 'href="../api/optimizers/#updax.optimizers.adamw"' in optimizers
+    blocks = re.findall(r"<pre.*?</pre>", catalogue + optimizers, re.S)
+    assert blocks and not any("autorefs" in block for block in blocks)
+
+
+def test_a_table_cells_statements_show_one_per_line(site):
+    """docs/hooks/tables.py: the errors page's code cells break after each ``;``, not mid-call."""
+    errors = (site / "errors" / "index.html").read_text()
+    assert "adamw = ux.optimizers.adamw(0.1);<br>adamw.update(" in re.sub(r"<(?!br)[^>]+>", "", errors)
