@@ -41,13 +41,17 @@ def _apply_trace(updates, state, params, *, decay, nesterov):
 
 @combinator
 def trace(decay: ScalarOrSchedule = 0.9, nesterov: bool = False, *, accumulator_dtype: DType = None) -> Update:
-    """Accumulates a momentum trace of the updates (heavy-ball or Nesterov).
+    r"""Accumulates a momentum trace of the updates (heavy-ball or Nesterov).
 
-    Update rule::
+    Update rule, for an update $g$, with $b$ = ``decay``:
 
-        t ← decay·t + g
-        u = t                 (nesterov=False)
-        u = decay·t + g       (nesterov=True)
+    $$
+    \begin{align*}
+    t &\gets b\, t + g \\
+    u &= t && (\texttt{nesterov=False}) \\
+    u &= b\, t + g && (\texttt{nesterov=True})
+    \end{align*}
+    $$
 
     Args:
         decay: the momentum, in [0, 1]. Default: ``0.9``.
@@ -199,7 +203,7 @@ def accumulated_step(updates, state, params, inner, steps, mean, should_skip, ex
 @combinator(wraps=True)
 def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean: bool = True,
                          should_skip: Callable[..., Any] | None = None) -> Update:
-    """Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates.
+    r"""Runs the pipeline before it once every ``steps`` calls, on the mean of those calls' updates.
 
     Between those calls it emits zeros and leaves the wrapped pipeline's
     state untouched. It wraps everything before it:
@@ -208,8 +212,8 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
     is optax's ``MultiSteps`` as a stage: :func:`has_updated` tells whether a
     call stepped.
 
-    Update rule: ``a ← a + g``; on every ``k``-th call ``u = inner(a / k)``
-    (``inner(a)`` with ``mean=False``) and ``a ← 0``, otherwise ``u = 0``.
+    Update rule, for an update $g$: $a \gets a + g$; on every $k$-th call $u = \operatorname{inner}(a / k)$
+    ($\operatorname{inner}(a)$ with ``mean=False``) and $a \gets 0$, otherwise $u = 0$.
 
     A skip function ``should_skip(updates, gradient_step, params) -> (skip,
     record)`` (e.g. :func:`skip_not_finite`, :func:`skip_large_updates`) can
@@ -223,7 +227,7 @@ def accumulate_gradients(inner: Update, steps: int | Callable[..., Any], *, mean
     callback) still runs in the conditional.
 
     Args:
-        steps: ``k``, the calls accumulated per step: an integer >= 1, or a
+        steps: $k$, the calls accumulated per step: an integer >= 1, or a
             function ``gradient_step -> k`` (a varying accumulation) that
             returns one, as a Python int or an integer array of shape ``()``
             (a whole float is taken where it is concrete, e.g. a constant

@@ -231,24 +231,32 @@ def _apply_scale_by_belief(updates, state, params, *, b1, b2, eps, eps_root, nes
 def scale_by_belief(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 0.0,
                     eps_root: ScalarOrSchedule = 1e-16, *, mu_dtype: DType = None, nu_dtype: DType = None,
                     nesterov: bool = False) -> Update:
-    """Scales updates by AdaBelief's ratio: the first moment over the spread of the belief.
+    r"""Scales updates by AdaBelief's ratio: the first moment over the spread of the belief.
 
-    Update rule, as in the paper (Polaris instead uses Adam's ``g²`` for ``s``)::
+    Update rule, as in the paper (Polaris instead uses Adam's $g^2$ for $s$), for an update $g$ at step $t$
+    (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ =
+    ``eps_root``:
 
-        m ← b1·m + (1-b1)·g          s ← b2·s + (1-b2)·(g - m)² + eps_root
-        u = m̂ / (sqrt(ŝ) + eps),  m̂ = m/(1-b1^t),  ŝ = s/(1-b2^t)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    s &\gets b_2 s + (1 - b_2)\, (g - m)^2 + \epsilon_\text{root} \\
+    u &= \frac{\hat m}{\sqrt{\hat s} + \epsilon}, \quad \hat m = \frac{m}{1 - b_1^t}, \quad \hat s = \frac{s}{1 - b_2^t}
+    \end{align*}
+    $$
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
         b2: decay of the belief term, in [0, 1). Default: ``0.999``.
         eps: added to the denominator, >= 0. Default: ``0.0``.
-        eps_root: added to ``s`` at every step, >= 0. Default: ``1e-16``.
+        eps_root: added to $s$ at every step, >= 0. Default: ``1e-16``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
-        nu_dtype: storage dtype of ``nu`` (the belief ``s``). Default: ``None``.
-        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
-            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
-            prints only when True. Default: ``False``.
+        nu_dtype: storage dtype of ``nu`` (the belief $s$). Default: ``None``.
+        nesterov: use Nesterov's look-ahead first moment,
+            $\hat m = b_1 m / (1 - b_1^{t+1}) + (1 - b_1)\, g / (1 - b_1^t)$
+            (NAdam's, as optax's ``nesterov=True``); it prints only when True.
+            Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByBeliefState(mu, nu, count)``.
@@ -302,28 +310,42 @@ def _apply_scale_by_radam(updates, state, params, *, b1, b2, eps, eps_root, thre
 def scale_by_radam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                    eps_root: ScalarOrSchedule = 0.0, threshold: ScalarOrSchedule = 5.0, *, mu_dtype: DType = None,
                    nu_dtype: DType = None, nesterov: bool = False) -> Update:
-    """Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before.
+    r"""Scales updates by Rectified Adam: Adam once the variance is tractable, momentum before.
 
-    Update rule, as in the paper (Polaris uses ``b1`` in ``ρ∞``)::
+    Update rule, as in the paper (Polaris uses ``b1`` in $\rho_\infty$), for an update $g$ at step $t$ (counting
+    from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``,
+    $\tau$ = ``threshold``:
 
-        ρ∞ = 2/(1-b2) - 1,   ρt = ρ∞ - 2t·b2^t/(1-b2^t)
-        r = sqrt((ρt-4)(ρt-2)ρ∞ / ((ρ∞-4)(ρ∞-2)ρt))
-        u = r·m̂ / (sqrt(v̂ + eps_root) + eps)   if ρt >= threshold and ρt > 4
-        u = m̂                                    otherwise
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    \rho_\infty &= \frac{2}{1 - b_2} - 1, \quad \rho_t = \rho_\infty - \frac{2 t\, b_2^t}{1 - b_2^t} \\
+    r &= \sqrt{\frac{(\rho_t - 4)(\rho_t - 2)\, \rho_\infty}{(\rho_\infty - 4)(\rho_\infty - 2)\, \rho_t}} \\
+    u &= \begin{cases}
+    \dfrac{r \hat m}{\sqrt{\hat v + \epsilon_\text{root}} + \epsilon}
+    & \text{if } \rho_t \ge \tau \text{ and } \rho_t > 4 \\
+    \hat m & \text{otherwise}
+    \end{cases}
+    \end{align*}
+    $$
+
+    with $\hat m = m / (1 - b_1^t)$ and $\hat v = v / (1 - b_2^t)$.
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
         b2: decay of the second moment, in [0, 1). Default: ``0.999``.
         eps: added to the denominator, >= 0. Default: ``1e-8``.
         eps_root: added inside the square root, >= 0. Default: ``0.0``.
-        threshold: ``ρt`` from which the rectified step is used; values below
+        threshold: $\rho_t$ from which the rectified step is used; values below
             4 act as 4. Default: ``5.0``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``. Default: ``None``.
-        nesterov: use Nesterov's look-ahead first moment, ``m̂ = b1·m/(1-b1^(t+1))
-            + (1-b1)·g/(1-b1^t)`` (NAdam's, as optax's ``nesterov=True``); it
-            prints only when True. Default: ``False``.
+        nesterov: use Nesterov's look-ahead first moment,
+            $\hat m = b_1 m / (1 - b_1^{t+1}) + (1 - b_1)\, g / (1 - b_1^t)$
+            (NAdam's, as optax's ``nesterov=True``); it prints only when True.
+            Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByAdamState(mu, nu, count)``.
@@ -373,15 +395,21 @@ def _apply_scale_by_yogi(updates, state, params, *, b1, b2, eps, eps_root):
 def scale_by_yogi(initial_accumulator_value: ScalarOrSchedule = 1e-6, b1: ScalarOrSchedule = 0.9,
                   b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-3, eps_root: ScalarOrSchedule = 0.0, *,
                   mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
-    """Scales updates by Yogi: Adam with an additive, sign-controlled second moment.
+    r"""Scales updates by Yogi: Adam with an additive, sign-controlled second moment.
 
-    Update rule::
+    Update rule, for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``:
 
-        m ← b1·m + (1-b1)·g          v ← v - (1-b2)·sign(v - g²)·g²
-        u = m̂ / (sqrt(v̂ + eps_root) + eps)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets v - (1 - b_2) \operatorname{sign}(v - g^2)\, g^2 \\
+    u &= \frac{m / (1 - b_1^t)}{\sqrt{v / (1 - b_2^t) + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
     Args:
-        initial_accumulator_value: initial value of ``m`` and ``v``, >= 0.
+        initial_accumulator_value: initial value of $m$ and $v$, >= 0.
             Default: ``1e-6``.
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
         b2: rate of the second moment, in [0, 1). Default: ``0.999``.
@@ -439,16 +467,22 @@ def _apply_scale_by_amsgrad(updates, state, params, *, b1, b2, eps, eps_root):
 @combinator
 def scale_by_amsgrad(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                      eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
-    """Scales updates by AMSGrad: Adam whose second moment never decreases.
+    r"""Scales updates by AMSGrad: Adam whose second moment never decreases.
 
-    Update rule, as optax (t counts from 1)::
+    Update rule, as optax, for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``, and $v_\text{max}$ held in ``nu_max``:
 
-        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
-        v_max ← max(v_max, v/(1-b2^t))
-        u = m̂ / (sqrt(v_max + eps_root) + eps),  m̂ = m/(1-b1^t)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    v_\text{max} &\gets \max\left(v_\text{max}, \frac{v}{1 - b_2^t}\right) \\
+    u &= \frac{m / (1 - b_1^t)}{\sqrt{v_\text{max} + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
     The paper's Algorithm 2 has no bias correction; optax (and updax) keep
-    Adam's, with the maximum taken over the bias-corrected ``v``.
+    Adam's, with the maximum taken over the bias-corrected $v$.
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
@@ -502,19 +536,25 @@ def _apply_scale_by_adamax(updates, state, params, *, b1, b2, eps):
 @combinator
 def scale_by_adamax(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8, *,
                     mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
-    """Scales updates by AdaMax: Adam with an infinity-norm second moment.
+    r"""Scales updates by AdaMax: Adam with an infinity-norm second moment.
 
-    Update rule, as optax (t counts from 1; the paper has no ``eps``)::
+    Update rule, as optax (the paper has no ``eps``), for an update $g$ at step $t$ (counting from 1), with
+    $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``:
 
-        m ← b1·m + (1-b1)·g          v ← max(|g| + eps, b2·v)
-        u = m̂ / v,  m̂ = m/(1-b1^t)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets \max(|g| + \epsilon, b_2 v) \\
+    u &= \frac{m / (1 - b_1^t)}{v}
+    \end{align*}
+    $$
 
     Args:
         b1: decay of the first moment, in [0, 1); the paper's value.
             Default: ``0.9``.
         b2: decay of the infinity norm, in [0, 1); the paper's value.
             Default: ``0.999``.
-        eps: added to ``|g|`` inside the maximum, >= 0 (optax's default); with
+        eps: added to $|g|$ inside the maximum, >= 0 (optax's default); with
             0, a zero update before any non-zero one divides 0 by 0.
             Default: ``1e-8``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
@@ -554,17 +594,23 @@ def _apply_scale_by_nadam(updates, state, params, *, b1, b2, eps, eps_root):
 @combinator
 def scale_by_nadam(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                    eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
-    """Scales updates by NAdam: Adam with a Nesterov look-ahead first moment.
+    r"""Scales updates by NAdam: Adam with a Nesterov look-ahead first moment.
 
-    Update rule, as optax's ``scale_by_adam(nesterov=True)`` (t counts from 1)::
+    Update rule, as optax's ``scale_by_adam(nesterov=True)``, for an update $g$ at step $t$ (counting from 1),
+    with $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``:
 
-        m ← b1·m + (1-b1)·g          v ← b2·v + (1-b2)·g²
-        m̂ = b1·m/(1-b1^(t+1)) + (1-b1)·g/(1-b1^t),  v̂ = v/(1-b2^t)
-        u = m̂ / (sqrt(v̂ + eps_root) + eps)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    \hat m &= \frac{b_1 m}{1 - b_1^{t+1}} + \frac{(1 - b_1)\, g}{1 - b_1^t}, \quad \hat v = \frac{v}{1 - b_2^t} \\
+    u &= \frac{\hat m}{\sqrt{\hat v + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
-    Dozat's Algorithm 2 lets the momentum follow a schedule ``μ_t`` and
-    multiplies ``v̂`` by ``b2``; optax (and updax) use a constant ``b1`` and
-    Adam's ``v̂``.
+    Dozat's Algorithm 2 lets the momentum follow a schedule $\mu_t$ and
+    multiplies $\hat v$ by $b_2$; optax (and updax) use a constant $b_1$ and
+    Adam's $\hat v$.
 
     Args:
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
@@ -628,25 +674,32 @@ def _apply_scale_by_adan(updates, state, params, *, b1, b2, b3, eps, eps_root):
 def scale_by_adan(b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92, b3: ScalarOrSchedule = 0.99,
                   eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
                   nu_dtype: DType = None) -> Update:
-    """Scales updates by Adan: adaptive Nesterov momentum from gradient differences.
+    r"""Scales updates by Adan: adaptive Nesterov momentum from gradient differences.
 
     Update rule, with the decays written as in the authors' code (the paper's
-    ``β`` is ``1 - b``); ``Δ = g - g_prev``, 0 on the first step::
+    $\beta$ is $1 - b$), for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $b_3$ = ``b3``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``, and
+    $\Delta = g - g_\text{prev}$, 0 on the first step:
 
-        m ← b1·m + (1-b1)·g       d ← b2·d + (1-b2)·Δ
-        n ← b3·n + (1-b3)·(g + b2·Δ)²
-        u = (m̂ + b2·d̂) / (sqrt(n̂ + eps_root) + eps),  x̂ = x/(1-b^t)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    d &\gets b_2 d + (1 - b_2)\, \Delta \\
+    n &\gets b_3 n + (1 - b_3)\, (g + b_2 \Delta)^2 \\
+    u &= \frac{m / (1 - b_1^t) + b_2\, d / (1 - b_2^t)}{\sqrt{n / (1 - b_3^t) + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
-    The gradient-difference terms are weighted by ``b2`` (the paper's
-    ``1 - β2``), as in the paper and the authors' code; optax 0.2.8 weights
-    them by ``1 - b2``. The two agree only when ``b2 = 0.5``.
+    The gradient-difference terms are weighted by $b_2$ (the paper's
+    $1 - \beta_2$), as in the paper and the authors' code; optax 0.2.8 weights
+    them by $1 - b_2$. The two agree only when $b_2 = 0.5$.
 
     Args:
-        b1: decay of the first moment, in [0, 1) (the paper's ``1 - β1``).
+        b1: decay of the first moment, in [0, 1) (the paper's $1 - \beta_1$).
             Default: ``0.98``.
-        b2: decay of the gradient-difference moment, in [0, 1) (``1 - β2``).
+        b2: decay of the gradient-difference moment, in [0, 1) ($1 - \beta_2$).
             Default: ``0.92``.
-        b3: decay of the second moment, in [0, 1) (``1 - β3``).
+        b3: decay of the second moment, in [0, 1) ($1 - \beta_3$).
             Default: ``0.99``.
         eps: added to the denominator, >= 0. Default: ``1e-8``.
         eps_root: added inside the square root, >= 0

@@ -119,35 +119,41 @@ def _apply_scale_by_adopt(updates, state, params, *, b1, b2, eps, clip_value=Non
 def scale_by_adopt(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.9999, eps: ScalarOrSchedule = 1e-6,
                    clip_value: ScalarOrSchedule | None = None, *, mu_dtype: DType = None, nu_dtype: DType = None,
                    nesterov: bool = False, use_clipping: bool = True) -> Update:
-    """Scales updates by ADOPT: momentum of the updates normalised by the previous second moment.
+    r"""Scales updates by ADOPT: momentum of the updates normalised by the previous second moment.
 
     Update rule, as in the paper (Algorithm 2, with the clipping of its
-    revised version); the first call only sets ``v = g²`` and returns
-    zeros, then for t = 1, 2, ...::
+    revised version), for an update $g$, with $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``, and
+    $\operatorname{clip}(x, c)$ clipping $x$ to $[-c, c]$; the first call only sets $v = g^2$ and returns
+    zeros, then for $t = 1, 2, \ldots$:
 
-        ĝ = clip(g / max(sqrt(v), eps), c_t),  c_t = t^(1/4)
-        m ← b1·m + (1-b1)·ĝ          v ← b2·v + (1-b2)·g²
-        u = m     (with ``nesterov``: u = b1·m + (1-b1)·ĝ)
+    $$
+    \begin{align*}
+    \hat g &= \operatorname{clip}\left(\frac{g}{\max(\sqrt{v}, \epsilon)}, c_t\right), \quad c_t = t^{1/4} \\
+    m &\gets b_1 m + (1 - b_1)\, \hat g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    u &= m
+    \end{align*}
+    $$
 
-    ``v`` is the previous calls' second moment: the current update does not
-    enter its own normalisation. A complex ``ĝ`` has its modulus clipped.
+    and with ``nesterov``, $u = b_1 m + (1 - b_1)\, \hat g$. The $v$ in $\hat g$ is the previous calls' second
+    moment: the current update does not enter its own normalisation. A complex $\hat g$ has its modulus clipped.
 
     Args:
         b1: decay of the first moment, in [0, 1); the paper's. Default: ``0.9``.
         b2: decay of the second moment, in [0, 1); the paper's.
             Default: ``0.9999``.
-        eps: the smallest normaliser ``max(sqrt(v), eps)``, >= 0; the paper's.
+        eps: the smallest normaliser $\max(\sqrt{v}, \epsilon)$, >= 0; the paper's.
             Default: ``1e-6``.
-        clip_value: the clipping bound ``c_t``, > 0, or a schedule of ``t``
+        clip_value: the clipping bound $c_t$, > 0, or a schedule of $t$
             (the calls before this one: 1 on the first update); None is the
-            paper's ``t^(1/4)``. Unused without ``use_clipping``.
+            paper's $t^{1/4}$. Unused without ``use_clipping``.
             Default: ``None``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
-        nesterov: return the look-ahead ``b1·m + (1-b1)·ĝ`` instead of ``m``
+        nesterov: return the look-ahead $b_1 m + (1 - b_1)\, \hat g$ instead of $m$
             (optax's option). Default: ``False``.
-        use_clipping: clip ``ĝ`` to ``[-c_t, c_t]``; False is the paper's
+        use_clipping: clip $\hat g$ to $[-c_t, c_t]$; False is the paper's
             first, unclipped ADOPT. Default: ``True``.
 
     Returns:
@@ -205,15 +211,22 @@ def _apply_scale_by_ademamix(updates, state, params, *, b1, b2, b3, alpha, eps, 
 def scale_by_ademamix(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, b3: ScalarOrSchedule = 0.9999,
                       alpha: ScalarOrSchedule = 5.0, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0,
                       *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
-    """Scales updates by AdEMAMix: Adam's fast EMA plus ``alpha`` times a slow EMA of the updates.
+    r"""Scales updates by AdEMAMix: Adam's fast EMA plus ``alpha`` times a slow EMA of the updates.
 
-    Update rule, as in the paper (Algorithm 1; t counts from 1)::
+    Update rule, as in the paper (Algorithm 1), for an update $g$ at step $t$ (counting from 1), with $b_1$ =
+    ``b1``, $b_2$ = ``b2``, $b_3$ = ``b3``, $\alpha$ = ``alpha``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ =
+    ``eps_root``:
 
-        m1 ← b1·m1 + (1-b1)·g        m2 ← b3·m2 + (1-b3)·g
-        v ← b2·v + (1-b2)·g²
-        u = (m̂1 + alpha·m2) / (sqrt(v̂ + eps_root) + eps),  m̂1 = m1/(1-b1^t),  v̂ = v/(1-b2^t)
+    $$
+    \begin{align*}
+    m_1 &\gets b_1 m_1 + (1 - b_1)\, g \\
+    m_2 &\gets b_3 m_2 + (1 - b_3)\, g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    u &= \frac{m_1 / (1 - b_1^t) + \alpha\, m_2}{\sqrt{v / (1 - b_2^t) + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
-    The slow EMA ``m2`` is not bias-corrected: it fills slowly on purpose.
+    The slow EMA $m_2$ is not bias-corrected: it fills slowly on purpose.
     The paper warms ``alpha`` and ``b3`` up over its first steps; give them
     as schedules, e.g. ``alpha=ux.schedules.linear_schedule(0.0, 5.0, T)``
     (schedules get the steps taken before this one, from 0).
@@ -279,16 +292,22 @@ def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedu
                                  alpha: ScalarOrSchedule = 0.0, eps: ScalarOrSchedule = 1e-8,
                                  eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
                                  nu_dtype: DType = None) -> Update:
-    """Scales updates by simplified AdEMAMix: an undamped momentum plus ``alpha`` times the update.
+    r"""Scales updates by simplified AdEMAMix: an undamped momentum plus ``alpha`` times the update.
 
-    Update rule, as in the paper (t counts from 1)::
+    Update rule, as in the paper, for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ =
+    ``b2``, $\alpha$ = ``alpha``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``:
 
-        m ← b1·m + g                 v ← b2·v + (1-b2)·g²
-        u = (m + alpha·g) / (sqrt(v̂ + eps_root) + eps),  v̂ = v/(1-b2^t)
+    $$
+    \begin{align*}
+    m &\gets b_1 m + g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    u &= \frac{m + \alpha\, g}{\sqrt{v / (1 - b_2^t) + \epsilon_\text{root}} + \epsilon}
+    \end{align*}
+    $$
 
-    ``m`` sums the updates without the ``1 - b1`` factor, so it is about
-    ``1/(1-b1)`` times Adam's: scale the learning rate down by that much.
-    With ``alpha = 0`` it is Adam without the first-moment bias correction.
+    $m$ sums the updates without the $1 - b_1$ factor, so it is about
+    $1/(1 - b_1)$ times Adam's: scale the learning rate down by that much.
+    With $\alpha = 0$ it is Adam without the first-moment bias correction.
 
     Args:
         b1: decay of the momentum, in [0, 1); optax's. Default: ``0.99``.

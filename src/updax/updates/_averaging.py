@@ -100,34 +100,40 @@ def schedule_free_step(updates, state, params, inner, learning_rate, b1, weight_
 @combinator(wraps=True)
 def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: float = 0.9,
                   weight_lr_power: ScalarOrSchedule = 2.0, *, state_dtype: DType = None) -> Update:
-    """Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging.
+    r"""Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging.
 
     The wrapped pipeline (without momentum, e.g. ``scale_by_rms(b2,
     eps_in_sqrt=False, bias_correction=True) |> scale_by_learning_rate(lr)``,
     Adam without momentum) makes the step of the base iterate
-    ``z``; the params ``y`` the gradient is taken at interpolate ``z`` and the
-    average ``x`` that is evaluated (see :func:`schedule_free_eval_params`)::
+    $z$; the params $y$ the gradient is taken at interpolate $z$ and the
+    average $x$ that is evaluated (see :func:`schedule_free_eval_params`). For an update $g$, with
+    $b_1$ = ``b1``, $p$ = ``weight_lr_power``, $\mathrm{lr}_\text{max}$ the largest learning rate so far, and
+    the sum over the steps so far (this one included):
 
-        z ← z + inner(g)
-        x ← (1 - c)·x + c·z,   c = lr_max^p / Σ lr_max^p
-        y ← b1·x + (1 - b1)·z
+    $$
+    \begin{align*}
+    z &\gets z + \operatorname{inner}(g) \\
+    x &\gets (1 - c)\, x + c\, z, \quad c = \frac{\mathrm{lr}_\text{max}^p}{\sum \mathrm{lr}_\text{max}^p} \\
+    y &\gets b_1 x + (1 - b_1)\, z
+    \end{align*}
+    $$
 
-    ``x`` is never stored itself (see :func:`schedule_free_eval_params`).
-    The params' update is computed from the new ``z``,
-    ``y' - y = c·(z' - y) + (1 - b1)·(1 - c)·u``, so that XLA writes ``z``
-    in place (optax's step copies it on every step). With ``z`` in a
-    narrower ``state_dtype`` than the params, ``y`` moves with the step
-    ``z`` took as stored, ``z' - z``, so that ``x`` is the average of the
-    stored ``z``'s (XLA then copies ``z``). Jitted for the CPU, the
+    $x$ is never stored itself (see :func:`schedule_free_eval_params`).
+    The params' update is computed from the new $z$,
+    $y' - y = c\, (z' - y) + (1 - b_1)(1 - c)\, u$ with $u = \operatorname{inner}(g)$, so that XLA writes $z$
+    in place (optax's step copies it on every step). With $z$ in a
+    narrower ``state_dtype`` than the params, $y$ moves with the step
+    $z$ took as stored, $z' - z$, so that $x$ is the average of the
+    stored $z$'s (XLA then copies $z$). Jitted for the CPU, the
     backend's hints (:func:`updax.backend_hints`) trace the wrapped
     pipeline a second time for the params' update, so that XLA computes the
     step inside both kernels rather than store it for both (the same
     values; a pipeline whose trace has effects is traced once).
 
     ``b1`` is a number, fixed for the run, as in the paper: each step carries
-    ``y`` forward with one ``b1``, ``y' = b1·x' + (1 - b1)·z'`` holding only
-    if ``y = b1·x + (1 - b1)·z`` held with the same ``b1``, so a schedule for
-    it is refused (with a ``b1`` that changed, ``y`` would no longer
+    $y$ forward with one ``b1``, $y' = b_1 x' + (1 - b_1)\, z'$ holding only
+    if $y = b_1 x + (1 - b_1)\, z$ held with the same ``b1``, so a schedule for
+    it is refused (with a ``b1`` that changed, $y$ would no longer
     interpolate the average that :func:`schedule_free_eval_params` recovers
     from it). For the same reason ``b1`` is static: a new ``b1`` is a new
     run (and a new compiled step), and :func:`updax.hyperparams_in_state`
@@ -142,8 +148,8 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: float = 0.
             or a schedule); it weights the average. No default.
         b1: the interpolation weight, a number in (0, 1), not a schedule
             (above). Default: ``0.9``.
-        weight_lr_power: the power ``p`` of the weights. Default: ``2.0``.
-        state_dtype: storage dtype of ``z``; None keeps the params' dtype.
+        weight_lr_power: the power $p$ of the weights. Default: ``2.0``.
+        state_dtype: storage dtype of $z$; None keeps the params' dtype.
             Default: ``None``.
 
     Returns:
@@ -174,17 +180,17 @@ def schedule_free(inner: Update, learning_rate: ScalarOrSchedule, b1: float = 0.
 
 
 def schedule_free_eval_params(opt: Update, state: PyTree, params: PyTree, *, path: str | None = None) -> PyTree:
-    """The averaged params ``x`` to evaluate a schedule-free model at: ``z + (y - z) / b1``.
+    r"""The averaged params $x$ to evaluate a schedule-free model at: $z + (y - z) / b_1$.
 
-    ``x`` is recovered from ``y = b1·x + (1 - b1)·z``, so the rounding of
-    ``y`` is divided by ``b1``: with a tiny ``b1`` (say below 1e-3 in
+    With $b_1$ = ``b1`` and $z$ the base iterate :func:`schedule_free` keeps, $x$ is recovered from
+    $y = b_1 x + (1 - b_1)\, z$, so the rounding of $y$ is divided by $b_1$: with a tiny ``b1`` (say below 1e-3 in
     float32) the recovered average is imprecise. The training steps do not
     divide by ``b1``.
 
     Args:
         opt: the update object. No default.
         state: its state. No default.
-        params: the current (training) params ``y``. No default.
+        params: the current (training) params $y$. No default.
         path: the ``schedule_free`` stage's state path, when there is not
             exactly one at the top of the pipeline (e.g.
             ``"apply_if_finite/schedule_free"`` inside a wrapper, or
@@ -247,16 +253,22 @@ def _apply_ema_params(updates, state, params, *, decay, decay_min):
 
 @combinator
 def ema_params(decay: ScalarOrSchedule = 0.999, *, decay_min: bool = False, accumulator_dtype: DType = None) -> Update:
-    """Keeps an exponential moving average (Polyak averaging) of the params in the state.
+    r"""Keeps an exponential moving average (Polyak averaging) of the params in the state.
 
     Put it last in the pipeline: it sees the final updates, averages the
     params they produce and passes the updates on unchanged. Read the
     average with :func:`averaged_params`; the training params are untouched.
-    Update rule (``n`` the steps applied before this one)::
+    Update rule, for the params $p$ and the update $u$ ($n$ the steps applied before this one), with the
+    average $a$ starting at the initial params:
 
-        p' = p + u
-        a ← b·a + (1 - b)·p',   a starts at the initial params
-        b = decay,  or min(decay, (1 + n) / (10 + n)) with decay_min
+    $$
+    \begin{align*}
+    p' &= p + u \\
+    a &\gets b\, a + (1 - b)\, p'
+    \end{align*}
+    $$
+
+    with $b$ = ``decay``, or with ``decay_min`` the smaller of ``decay`` and $(1 + n) / (10 + n)$.
 
     Args:
         decay: the decay, in [0, 1], or a schedule ``count -> decay``.
@@ -321,12 +333,12 @@ def _apply_swa(updates, state, params, *, start, period):
 
 @combinator
 def swa(start: int = 1, period: int = 1, *, accumulator_dtype: DType = None) -> Update:
-    """Stochastic weight averaging: the equal-weight mean of params snapshots, kept in the state.
+    r"""Stochastic weight averaging: the equal-weight mean of params snapshots, kept in the state.
 
-    Put it last in the pipeline. After applied step ``t`` (from 1) with
-    ``t >= start`` and ``(t - start) % period == 0`` it takes a snapshot of
-    the params ``p' = p + u`` into the running mean (decay ``n / (n + 1)``
-    after ``n`` snapshots); the updates pass on unchanged. Read the mean
+    Put it last in the pipeline. After applied step $t$ (from 1) with
+    $t \ge s$ and $t - s$ a multiple of $k$ ($s$ = ``start``, $k$ = ``period``) it takes a snapshot of
+    the params $p' = p + u$ into the running mean (decay $n / (n + 1)$
+    after $n$ snapshots); the updates pass on unchanged. Read the mean
     with :func:`averaged_params` (the initial params until the first
     snapshot).
 

@@ -87,27 +87,33 @@ def _apply_ema(updates, state, params, *, decay, debias, decay_min, keep_previou
 @combinator
 def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, decay_min: bool = False,
         keep_previous: bool = False, accumulator_dtype: DType = None) -> Update:
-    """Exponential moving average of the values that flow through it.
+    r"""Exponential moving average of the values that flow through it.
 
-    Update rule, for each observation ``x`` (``b`` the decay of this step)::
+    Update rule, for each observation $x$ ($b$ the decay of this step), with $\text{ema}$ starting at
+    $\text{init}$ = ``init``:
 
-        ema ← b·ema + (1 - b)·x,         ema starts at init
-        u = ema                           (debias=False)
-        u = (ema - init·Πb) / (1 - Πb)    (debias=True)
+    $$
+    \begin{align*}
+    \text{ema} &\gets b\, \text{ema} + (1 - b)\, x \\
+    u &= \text{ema} && (\texttt{debias=False}) \\
+    u &= \frac{\text{ema} - \text{init} \prod b}{1 - \prod b} && (\texttt{debias=True})
+    \end{align*}
+    $$
 
-    ``Πb`` is the product of the decays used so far (``b^t`` for a constant
+    $\prod b$ is the product of the decays used so far ($b^t$ for a constant
     decay). The debiased average is the weighted mean of the observations, so
-    it does not depend on ``init``; the state stores that average directly.
+    it does not depend on ``init`` (it stays at ``init`` while $\prod b = 1$,
+    before any observation has a weight); the state stores that average directly.
 
     Args:
-        decay: the decay ``b``, in [0, 1], or a schedule ``count -> decay``.
+        decay: the decay $b$, in [0, 1], or a schedule ``count -> decay``.
             No default.
         debias: remove the bias towards ``init`` (Adam's bias correction).
             Default: ``True``.
         init: the starting value, a number or a tree shaped like the values.
             Default: ``0.0``.
-        decay_min: TensorFlow's warm-up: step ``t`` (from 0) uses
-            ``min(decay, (1 + t) / (10 + t))``. Default: ``False``.
+        decay_min: TensorFlow's warm-up: step $t$ (from 0) uses the smaller
+            of ``decay`` and $(1 + t) / (10 + t)$. Default: ``False``.
         keep_previous: also keep the average before the last observation in
             ``state.previous`` (the one to freeze for evaluation). Default:
             ``False``.
@@ -181,10 +187,11 @@ def _apply_sma(updates, state, params, *, window):
 
 @combinator
 def sma(window: int, *, accumulator_dtype: DType = None) -> Update:
-    """Simple moving average: the mean of the last ``window`` values.
+    r"""Simple moving average: the mean of the last ``window`` values.
 
-    Update rule: ``u = (x_{t-n+1} + ... + x_t) / n`` with ``n = min(t,
-    window)``, so before the window fills it is the mean of what has been seen.
+    Update rule, for the observations $x_1, x_2, \ldots$ at step $t$ (counting from 1):
+    $u = (x_{t-n+1} + \cdots + x_t) / n$ with $n$ the smaller of $t$ and ``window``, so before the window fills
+    it is the mean of what has been seen.
 
     Args:
         window: the number of values averaged, an integer in [1, 100000]
@@ -261,18 +268,26 @@ def _apply_weighted_moving_average(updates, state, params, *, decay, weight=1.0)
 
 @combinator
 def weighted_moving_average(decay: ScalarOrSchedule, *, accumulator_dtype: DType = None) -> Update:
-    """Weighted exponential moving average: ``EMA(value·weight) / EMA(weight)``.
+    r"""Weighted exponential moving average: ``EMA(value·weight) / EMA(weight)``.
 
     Each ``update(values, state, weight=w)`` observes the values with weight
     ``w`` (a number, or a tree of arrays broadcastable to the values' leaves,
-    e.g. a batch size or a mask; 1 when not given). Update rule::
+    e.g. a batch size or a mask; 1 when not given). Update rule, for the values $x$ with weight $w$, with $b$ =
+    ``decay``:
 
-        s ← b·s + (1 - b)·w·x,   z ← b·z + (1 - b)·w,   u = s / z   (0 while z = 0)
+    $$
+    \begin{align*}
+    s &\gets b s + (1 - b)\, w x \\
+    z &\gets b z + (1 - b)\, w \\
+    u &= s / z
+    \end{align*}
+    $$
 
-    The zero-debias factors of ``s`` and ``z`` are equal and cancel.
+    and $u = 0$ where $z \le 0$ (while no weight has been seen). The zero-debias factors of $s$ and $z$ are equal
+    and cancel.
 
     Args:
-        decay: the decay ``b``, in [0, 1], or a schedule ``count -> decay``.
+        decay: the decay $b$, in [0, 1], or a schedule ``count -> decay``.
             No default.
         accumulator_dtype: storage dtype of both averages; None keeps the
             values' dtype but at least float32. Default: ``None``.

@@ -119,12 +119,20 @@ def _apply_scale_by_rms(updates, state, params, *, decay, eps, eps_in_sqrt=None,
 @combinator
 def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, initial_scale: ScalarOrSchedule = 0.0,
                  *, nu_dtype: DType = None, eps_in_sqrt: bool = True, bias_correction: bool = False) -> Update:
-    """Scales updates by the root of an EMA of their squares (RMSProp).
+    r"""Scales updates by the root of an EMA of their squares (RMSProp).
 
-    Update rule: ``v ← decay·v + (1-decay)·g²;  u = g / sqrt(v + eps)``; with
-    ``eps_in_sqrt=False``, ``u = g / (sqrt(v) + eps)``; with
-    ``bias_correction=True``, ``v̂ = v/(1-decay^t)`` (t counts from 1) takes
-    ``v``'s place in ``u``. Both options are optax's; Axon's RMSProp has
+    Update rule, for an update $g$, with $b$ = ``decay``, $\epsilon$ = ``eps``:
+
+    $$
+    \begin{align*}
+    v &\gets b v + (1 - b)\, g^2 \\
+    u &= \frac{g}{\sqrt{v + \epsilon}}
+    \end{align*}
+    $$
+
+    With ``eps_in_sqrt=False``, $u = g / (\sqrt{v} + \epsilon)$; with
+    ``bias_correction=True``, $\hat v = v / (1 - b^t)$ ($t$ counts from 1) takes
+    $v$'s place in $u$. Both options are optax's; Axon's RMSProp has
     neither. Adam without momentum (``b1=0``) is
     ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)``,
     without Adam's first-moment state.
@@ -133,13 +141,13 @@ def scale_by_rms(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8, in
         decay: EMA decay, in [0, 1). Default: ``0.9``.
         eps: added inside the square root, >= 0 (above 0 it keeps the first
             steps finite). Default: ``1e-8``.
-        initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
+        initial_scale: initial value of $v$, >= 0. Default: ``0.0``.
         nu_dtype: storage dtype of ``nu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         eps_in_sqrt: add ``eps`` inside the square root (Axon's and optax's
             default) rather than to it; prints only when False. Default: ``True``.
-        bias_correction: divide ``v`` by ``1-decay^t``, as Adam does; the state
-            then counts the steps. The correction assumes ``v`` starts at 0, so
+        bias_correction: divide $v$ by $1 - b^t$, as Adam does; the state
+            then counts the steps. The correction assumes $v$ starts at 0, so
             an ``initial_scale`` above 0 weighs more on the first steps than it
             would uncorrected (as in optax). Prints only when True.
             Default: ``False``.
@@ -206,34 +214,39 @@ def _apply_scale_by_stddev(updates, state, params, *, decay, eps, eps_in_sqrt=No
 def scale_by_stddev(decay: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-8,
                     initial_scale: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
                     nu_dtype: DType = None, eps_in_sqrt: bool = True, bias_correction: bool = False) -> Update:
-    """Scales updates by the root of the centred EMA of their squares (centred RMSProp).
+    r"""Scales updates by the root of the centred EMA of their squares (centred RMSProp).
 
-    Update rule::
+    Update rule, for an update $g$, with $b$ = ``decay``, $\epsilon$ = ``eps``:
 
-        m ← decay·m + (1-decay)·g     v ← decay·v + (1-decay)·g²
-        u = g / sqrt(v - m² + eps)
+    $$
+    \begin{align*}
+    m &\gets b m + (1 - b)\, g \\
+    v &\gets b v + (1 - b)\, g^2 \\
+    u &= \frac{g}{\sqrt{\max(v - m^2, 0) + \epsilon}}
+    \end{align*}
+    $$
 
-    With ``eps_in_sqrt=False``, ``u = g / (sqrt(v - m²) + eps)``; with
-    ``bias_correction=True``, ``m̂ = m/(1-decay^t)`` and ``v̂ = v/(1-decay^t)``
-    (t counts from 1) take ``m``'s and ``v``'s places in ``u``. Both options
-    are optax's; Axon's centred RMSProp has neither. ``v - m²`` is clamped at
+    With ``eps_in_sqrt=False``, $u = g / (\sqrt{\max(v - m^2, 0)} + \epsilon)$; with
+    ``bias_correction=True``, $\hat m = m / (1 - b^t)$ and $\hat v = v / (1 - b^t)$
+    ($t$ counts from 1) take $m$'s and $v$'s places in $u$. Both options
+    are optax's; Axon's centred RMSProp has neither. $v - m^2$ is clamped at
     0 before the root: rounding can take it just below 0 where the variance
     vanishes.
 
     Args:
         decay: EMA decay, in [0, 1). Default: ``0.9``.
         eps: added inside the square root, >= 0. Default: ``1e-8``.
-        initial_scale: initial value of ``v``, >= 0. Default: ``0.0``.
+        initial_scale: initial value of $v$, >= 0. Default: ``0.0``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         nu_dtype: storage dtype of ``nu``. Default: ``None``.
         eps_in_sqrt: add ``eps`` inside the square root (Axon's and optax's
             default) rather than to it; prints only when False. Default: ``True``.
-        bias_correction: divide ``m`` and ``v`` by ``1-decay^t``, as Adam does;
+        bias_correction: divide $m$ and $v$ by $1 - b^t$, as Adam does;
             the state then counts the steps. From ``initial_scale=0`` the
-            first step's variance is 0 (``m̂ = g``, ``v̂ = g²``), so the first
-            update is ``g / sqrt(eps)``, or ``g / eps`` outside the root, as
-            in optax: start ``v`` above 0 or keep ``eps`` large enough. Prints
+            first step's variance is 0 ($\hat m = g$, $\hat v = g^2$), so the first
+            update is $g / \sqrt{\epsilon}$, or $g / \epsilon$ outside the root, as
+            in optax: start $v$ above 0 or keep ``eps`` large enough. Prints
             only when True. Default: ``False``.
 
     Returns:
@@ -282,14 +295,23 @@ def _apply_scale_by_rss(updates, state, params, *, eps):
 @combinator
 def scale_by_rss(initial_accumulator_value: ScalarOrSchedule = 0.1, eps: ScalarOrSchedule = 1e-7, *,
                  accumulator_dtype: DType = None) -> Update:
-    """Scales updates by the root of the sum of all their squares so far (AdaGrad).
+    r"""Scales updates by the root of the sum of all their squares so far (AdaGrad).
 
-    Update rule: ``s ← s + g²;  u = g / sqrt(s + eps)`` (0 where ``s = 0``).
+    Update rule, for an update $g$, with $\epsilon$ = ``eps``:
+
+    $$
+    \begin{align*}
+    s &\gets s + g^2 \\
+    u &= \frac{g}{\sqrt{s + \epsilon}}
+    \end{align*}
+    $$
+
+    and $u = 0$ where $s = 0$.
 
     Args:
-        initial_accumulator_value: initial value of ``s``, >= 0. Default: ``0.1``.
+        initial_accumulator_value: initial value of $s$, >= 0. Default: ``0.1``.
         eps: added inside the square root, >= 0. Default: ``1e-7``.
-        accumulator_dtype: storage dtype of ``s``; None keeps the params' dtype
+        accumulator_dtype: storage dtype of $s$; None keeps the params' dtype
             but at least float32. Default: ``None``.
 
     Returns:
@@ -338,13 +360,18 @@ def _apply_scale_by_adadelta(updates, state, params, *, rho, eps):
 @combinator
 def scale_by_adadelta(rho: ScalarOrSchedule = 0.9, eps: ScalarOrSchedule = 1e-6, *,
                       accumulator_dtype: DType = None) -> Update:
-    """Scales updates by AdaDelta: the RMS of past steps over the RMS of updates.
+    r"""Scales updates by AdaDelta: the RMS of past steps over the RMS of updates.
 
-    Update rule (``u`` is a direction: follow it with a negative scale)::
+    Update rule ($u$ is a direction: follow it with a negative scale), for an update $g$, with $\rho$ = ``rho``,
+    $\epsilon$ = ``eps``:
 
-        E[g²] ← rho·E[g²] + (1-rho)·g²
-        u = sqrt(E[Δ²] + eps) / sqrt(E[g²] + eps) · g
-        E[Δ²] ← rho·E[Δ²] + (1-rho)·u²
+    $$
+    \begin{align*}
+    \mathbb{E}[g^2] &\gets \rho\, \mathbb{E}[g^2] + (1 - \rho)\, g^2 \\
+    u &= \frac{\sqrt{\mathbb{E}[\Delta^2] + \epsilon}}{\sqrt{\mathbb{E}[g^2] + \epsilon}}\, g \\
+    \mathbb{E}[\Delta^2] &\gets \rho\, \mathbb{E}[\Delta^2] + (1 - \rho)\, u^2
+    \end{align*}
+    $$
 
     Args:
         rho: decay of both averages, in [0, 1) (optax's and PyTorch's default;

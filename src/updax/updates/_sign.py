@@ -51,9 +51,9 @@ def _apply_scale_by_sign(updates, params):
 
 @combinator
 def scale_by_sign() -> Update:
-    """Replaces each update by its sign (signSGD; after an EMA, signum).
+    r"""Replaces each update by its sign (signSGD; after an EMA, signum).
 
-    Update rule: ``u = sign(g)``, with ``sign(0) = 0``.
+    Update rule, for an update $g$: $u = \operatorname{sign}(g)$, with $\operatorname{sign}(0) = 0$.
 
     Returns:
         A stateless update object.
@@ -92,12 +92,17 @@ def _apply_scale_by_lion(updates, state, params, *, b1, b2):
 
 @combinator
 def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu_dtype: DType = None) -> Update:
-    """Scales updates to the sign of an interpolation of momentum and update (Lion).
+    r"""Scales updates to the sign of an interpolation of momentum and update (Lion).
 
-    Update rule (the sign uses the old ``m``; ``m`` is updated after)::
+    Update rule (the sign uses the old $m$; $m$ is updated after), for an update $g$, with $b_1$ = ``b1``, $b_2$ =
+    ``b2``:
 
-        u = sign(b1·m + (1-b1)·g)
-        m ← b2·m + (1-b2)·g
+    $$
+    \begin{align*}
+    u &= \operatorname{sign}(b_1 m + (1 - b_1)\, g) \\
+    m &\gets b_2 m + (1 - b_2)\, g
+    \end{align*}
+    $$
 
     Args:
         b1: weight of the momentum in the interpolation, in [0, 1); the
@@ -166,22 +171,34 @@ def _apply_scale_by_rprop(updates, state, params, *, eta_minus, eta_plus, min_st
 def scale_by_rprop(learning_rate: ScalarOrSchedule, eta_minus: ScalarOrSchedule = 0.5,
                    eta_plus: ScalarOrSchedule = 1.2, min_step_size: ScalarOrSchedule = 1e-6,
                    max_step_size: ScalarOrSchedule = 50.0) -> Update:
-    """Scales updates by Rprop: a per-element step size adapted to sign agreement (iRprop-).
+    r"""Scales updates by Rprop: a per-element step size adapted to sign agreement (iRprop-).
 
     Update rule, per element (iRprop-: on a sign change the step is skipped,
-    where the original Rprop backtracks). ``u`` is a direction: follow it with
-    a negative scale::
+    where the original Rprop backtracks), for an update $g$ and the step size $\Delta$, with $\eta^+$ =
+    ``eta_plus``, $\eta^-$ = ``eta_minus``, $\Delta_\text{max}$ = ``max_step_size``, $\Delta_\text{min}$ =
+    ``min_step_size``. $u$ is a direction: follow it with a negative scale:
 
-        s = sign(g)·sign(u_prev)
-        Δ ← min(Δ·eta_plus, max_step_size)    if s > 0
-        Δ ← max(Δ·eta_minus, min_step_size)   if s < 0
-        u = 0 if s < 0 else Δ·sign(g);         u_prev ← u
+    $$
+    \begin{align*}
+    s &= \operatorname{sign}(g)\, \operatorname{sign}(u_\text{prev}) \\
+    \Delta &\gets \begin{cases}
+    \min(\eta^+ \Delta, \Delta_\text{max}) & \text{if } s > 0 \\
+    \max(\eta^- \Delta, \Delta_\text{min}) & \text{if } s < 0 \\
+    \Delta & \text{if } s = 0
+    \end{cases} \\
+    u &= \begin{cases}
+    0 & \text{if } s < 0 \\
+    \Delta \operatorname{sign}(g) & \text{otherwise}
+    \end{cases} \\
+    u_\text{prev} &\gets u
+    \end{align*}
+    $$
 
-    ``u`` is this step's update, as in the paper and PyTorch's ``Rprop``;
+    $u$ is this step's update, as in the paper and PyTorch's ``Rprop``;
     optax 0.2.8 returns the previous step's (0 on the first step).
 
     Args:
-        learning_rate: the initial step size ``Δ₀``, > 0 (the paper uses 0.1).
+        learning_rate: the initial step size $\Delta_0$, > 0 (the paper uses 0.1).
             No default.
         eta_minus: step-size factor on a sign change, in (0, 1]; the paper's
             value. Default: ``0.5``.
