@@ -1,8 +1,17 @@
 """updax: composable gradient transformations for JAX, after Elixir Axon's Axon.Updates.
 
+An optimizer is a pipeline of stages, written as a fluent chain and printed as
+the pipeline it is. Clip the gradients' global norm to 1, scale them by Adam's
+moment ratio, then take a step of 1e-3 against them:
+
 >>> import updax as ux
->>> print(ux.scale_by_adam().clip_by_global_norm(max_norm=1.0).scale(-1e-3))
-scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> clip_by_global_norm(max_norm=1.0) |> scale(step_size=-0.001)
+>>> print(ux.clip_by_global_norm(max_norm=1.0).scale_by_adam().scale(-1e-3))
+clip_by_global_norm(max_norm=1.0) |> scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale(step_size=-0.001)
+
+The ready-made optimizers are such pipelines, with a positive learning rate:
+
+>>> ux.optimizers.adam(1e-3) == ux.scale_by_adam().scale_by_learning_rate(1e-3)
+True
 """
 
 from updax import domains, optimizers, projections, schedules, sharding, updates
