@@ -307,7 +307,7 @@ def test_a_field_inside_flat_state_keeps_xla_order(monkeypatch):
 
 
 def test_unwrapped_inside_optax_chain_the_params_are_copied_too():
-    """Documented in docs/guide.md and docs/performance.md: an updax object put into ``optax.chain`` bare, followed
+    """Documented in docs/concepts.md and docs/performance.md: an updax object put into ``optax.chain`` bare, followed
     by another transform, orders its state after updates that are not the final ones, so XLA copies the params as
     well as the state; wrapped with ``ux.to_optax`` it copies only the state, as optax's own Lion does."""
     bare = optax.chain(ux.scale_by_lion(), optax.scale(-1e-3))

@@ -34,7 +34,7 @@ def real_only(call: str, tree: Any, name: str = "updates") -> None:
         if jnp.iscomplexobj(leaf):
             raise TypeError(f"{call}: complex {name} are not supported ({name}{jax.tree_util.keystr(path)} is "
                             f"{jnp.result_type(leaf)}); split them into real and imaginary parts, or see "
-                            "'Complex numbers' in docs/guide.md for the stages that support them")
+                            "'Complex numbers' in docs/concepts.md for the stages that support them")
 
 
 def number(x: Any) -> float | None:
