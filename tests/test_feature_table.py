@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def _table():
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## How it compares"):text.index("## Learn more")]
+    section = text[text.index("## How it compares"):text.index("Licensed under")]
     rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| |")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
 
@@ -50,6 +50,14 @@ def test_the_counts_in_the_table_are_the_tests_counts():
     polaris = sum(len(names) for names in POLARIS.values())
     assert f"all {polaris} functions" in cells["Axon's catalogue, same names, options and defaults"]
     assert cells["Same numbers as optax"].startswith(f"{len(PARITY)} optimizer cases over 20 steps")
+
+
+def test_the_readmes_reasons_give_the_tests_counts():
+    """The pitch's second reason repeats the table's counts: they are the tests' too."""
+    text = (ROOT / "README.md").read_text()
+    reasons = text[text.index("## Why updax"):text.index("## Install")]
+    polaris = sum(len(names) for names in POLARIS.values())
+    assert f"{len(PARITY)} optimizer cases agree with optax" in reasons and f"all {polaris} functions" in reasons
 
 
 def test_optax_defaults_differ_where_the_table_says():

@@ -330,3 +330,10 @@ def test_the_porting_checklist_covers_polaris_and_names_what_exists():
             obj = getattr(obj, part)
         assert callable(obj) and path[-1] == name, (module, name, python)
     assert {m: sorted(n) for m, n in found.items()} == {m: sorted(n) for m, n in POLARIS.items()}
+
+
+def test_the_readmes_links_name_files_of_the_repository():
+    """The README is read on a code host, outside the site: each relative link must name a file or folder here."""
+    links = re.findall(r"\]\(((?!https?:)[^)#]+)", (ROOT / "README.md").read_text())
+    assert len(links) >= 10
+    assert not [link for link in links if not (ROOT / link).exists()]
