@@ -241,9 +241,9 @@ def _interpolate(kind, t, bounds, values):
 
 
 class constant(Schedule):
-    """A schedule that holds one value.
+    r"""A schedule that holds one value.
 
-    Formula: ``η(t) = init_value``.
+    Formula, with $\eta_\text{init}$ = ``init_value``: $\eta(t) = \eta_\text{init}$.
 
     Args:
         init_value: the value, any real number. No default.
@@ -273,15 +273,20 @@ class constant(Schedule):
 
 
 class exponential_decay(Schedule):
-    """Exponential decay, continuous or in steps, from ``transition_begin`` on.
+    r"""Exponential decay, continuous or in steps, from ``transition_begin`` on.
 
-    Formula, with ``s = t - transition_begin`` and ``k = transition_steps``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $r$ = ``decay_rate``, $k$ = ``transition_steps``
+    and $s = t - t_0$, $t_0$ = ``transition_begin``:
 
-        η(t) = init_value                              if s <= 0
-        η(t) = init_value · decay_rate^(s/k)           otherwise (⌊s/k⌋ if staircase)
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init} && \text{if } s \le 0 \\
+    \eta(t) &= \eta_\text{init}\, r^{s/k} && \text{otherwise (} r^{\lfloor s/k \rfloor} \text{ with staircase)}
+    \end{align*}
+    $$
 
-    then clipped at ``end_value`` when given: a floor when ``decay_rate < 1``,
-    a ceiling otherwise.
+    then clipped at $\eta_\text{end}$ = ``end_value`` when given (at every step, those before
+    $t_0$ too): a floor when $r < 1$, a ceiling otherwise.
 
     Args:
         init_value: the value before the decay begins, any real number.
@@ -336,17 +341,22 @@ class exponential_decay(Schedule):
 
 
 class cosine_decay(Schedule):
-    """Cosine decay from ``init_value`` to ``alpha · init_value`` over ``decay_steps`` steps.
+    r"""Cosine decay from ``init_value`` to ``alpha`` times ``init_value`` over ``decay_steps`` steps.
 
-    Formula, with ``k = decay_steps``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $k$ = ``decay_steps``, $\alpha$ = ``alpha`` and
+    $\gamma$ = ``exponent``:
 
-        η(t) = init_value · ((1 - alpha) · c^exponent + alpha)
-        c = ½(1 + cos(π·min(t, k)/k))
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init} \left((1 - \alpha)\, c^\gamma + \alpha\right) \\
+    c &= \tfrac{1}{2} \left(1 + \cos(\pi \min(t, k) / k)\right)
+    \end{align*}
+    $$
 
     Args:
         init_value: the value at step 0, any real number. No default.
         decay_steps: the steps the decay lasts, a positive integer; the value
-            stays at ``alpha · init_value`` after. Default: ``10``.
+            stays at ``alpha`` times ``init_value`` after. Default: ``10``.
         alpha: the final value as a fraction of ``init_value``, in [0, 1].
             Default: ``0.0``.
         exponent: the power of the cosine factor, > 0 (not in Polaris;
@@ -390,11 +400,14 @@ class cosine_decay(Schedule):
 
 
 class polynomial_decay(Schedule):
-    """Polynomial decay from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
+    r"""Polynomial decay from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
 
-    Formula, with ``s = clip(t - transition_begin, 0, transition_steps)``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{end}$ = ``end_value``, $p$ = ``power``,
+    $k$ = ``transition_steps`` and $s = \min(\max(t - t_0, 0), k)$, $t_0$ = ``transition_begin``:
 
-        η(t) = (init_value - end_value) · (1 - s/transition_steps)^power + end_value
+    $$
+    \eta(t) = (\eta_\text{init} - \eta_\text{end})\, (1 - s/k)^p + \eta_\text{end}
+    $$
 
     Args:
         init_value: the value up to ``transition_begin``, any real number.
@@ -441,19 +454,24 @@ class polynomial_decay(Schedule):
 
 
 class linear_decay(Schedule):
-    """Linear warmup from 0 to ``init_value``, then linear decay to 0 at step ``steps``.
+    r"""Linear warmup from 0 to ``init_value``, then linear decay to 0 at step ``steps``.
 
-    Formula::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $w$ = ``warmup`` and $n$ = ``steps``:
 
-        η(t) = init_value · t / max(warmup, 1)                          if t < warmup
-        η(t) = init_value · max(0, (steps - t) / max(steps - warmup, 1))  otherwise
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init}\, t / \max(w, 1) && \text{if } t < w \\
+    \eta(t) &= \eta_\text{init} \max(0, (n - t) / \max(n - w, 1)) && \text{otherwise}
+    \end{align*}
+    $$
 
     With ``warmup=0`` this is a linear decay from ``init_value`` to 0 over
     ``steps`` steps, ``linear_schedule(init_value, 0.0, steps)``. For a
     linear ramp to another end value, use :class:`linear_schedule`.
 
     Args:
-        init_value: the peak value, reached at step ``warmup``, any real
+        init_value: the peak value, reached at step ``warmup`` (when
+            ``warmup < steps``; 0 there when they are equal), any real
             number. No default.
         warmup: the warmup steps, an integer in [0, steps]. Default: ``0``.
         steps: the step at which the value reaches 0, a positive integer.
@@ -492,11 +510,14 @@ class linear_decay(Schedule):
 
 
 class linear_schedule(Schedule):
-    """Linear ramp from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
+    r"""Linear ramp from ``init_value`` to ``end_value`` over ``transition_steps`` steps.
 
-    Formula, with ``s = clip(t - transition_begin, 0, transition_steps)``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{end}$ = ``end_value``,
+    $k$ = ``transition_steps`` and $s = \min(\max(t - t_0, 0), k)$, $t_0$ = ``transition_begin``:
 
-        η(t) = init_value · (1 - s/transition_steps) + end_value · s/transition_steps
+    $$
+    \eta(t) = \eta_\text{init}\, (1 - s/k) + \eta_\text{end}\, s/k
+    $$
 
     so ``init_value`` up to ``transition_begin`` and ``end_value`` from
     ``transition_begin + transition_steps`` on, each exactly. This is
@@ -549,12 +570,17 @@ class linear_schedule(Schedule):
 
 
 class piecewise_constant(Schedule):
-    """Piecewise constant: the value given for the last boundary the count has reached.
+    r"""Piecewise constant: the value given for the last boundary the count has reached.
 
-    Formula, with boundaries ``b1 < b2 < ...`` and values ``v1, v2, ...``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, boundaries $b_1 < b_2 < \dots < b_n$, values
+    $v_1, v_2, \dots, v_n$ and $b_{n+1} = \infty$:
 
-        η(t) = init_value   if t < b1
-        η(t) = vi           if bi <= t < b(i+1)
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init} && \text{if } t < b_1 \\
+    \eta(t) &= v_i && \text{if } b_i \le t < b_{i+1}
+    \end{align*}
+    $$
 
     Unlike optax's ``piecewise_constant_schedule``, whose dict holds *scales*
     that multiply into the value, the dict holds the values themselves.
@@ -598,16 +624,20 @@ class piecewise_constant(Schedule):
 
 
 class piecewise_interpolate(Schedule):
-    """Interpolates, linearly or by a half cosine, between values that scales multiply in at boundaries.
+    r"""Interpolates, linearly or by a half cosine, between values that scales multiply in at boundaries.
 
-    Formula, with boundaries ``b0 = 0 <= b1 <= ...`` and values
-    ``v0 = init_value, vi = v(i-1) · scale_i``: on ``[bi, b(i+1))`` with
-    ``p = (t - bi) / (b(i+1) - bi)``::
+    Formula, with boundaries $b_0 = 0 \le b_1 < b_2 < \dots < b_n$, their scales $\sigma_i$ and values
+    $v_0$ = ``init_value``, $v_i = \sigma_i v_{i-1}$: on $[b_i, b_{i+1})$, with
+    $p = (t - b_i) / (b_{i+1} - b_i)$,
 
-        linear:  η(t) = vi + (v(i+1) - vi) · p
-        cosine:  η(t) = v(i+1) + (vi - v(i+1)) · ½(1 + cos(π·p))
+    $$
+    \begin{align*}
+    \eta(t) &= v_i + (v_{i+1} - v_i)\, p && \text{(linear)} \\
+    \eta(t) &= v_{i+1} + (v_i - v_{i+1}) \tfrac{1}{2} (1 + \cos(\pi p)) && \text{(cosine)}
+    \end{align*}
+    $$
 
-    and ``η(t)`` is the last value from the last boundary on.
+    and $\eta(t) = v_n$, the last value, from the last boundary on.
 
     Args:
         interpolate_type: ``'linear'`` or ``'cosine'`` (static). No default.
@@ -654,23 +684,26 @@ class piecewise_interpolate(Schedule):
 
 
 class linear_onecycle(Schedule):
-    """One-cycle with three linear phases: up to ``peak_value``, back down, then annealed.
+    r"""One-cycle with three linear phases: up to ``peak_value``, back down, then annealed.
 
-    Formula, with ``v0 = peak_value / div_factor``, ``T = transition_steps``,
-    ``b1 = ⌊pct_start·T⌋`` and ``b2 = ⌊pct_final·T⌋``: linear interpolation
-    through the points ``(0, v0)``, ``(b1, peak_value)``, ``(b2, v0)``,
-    ``(T, v0 / final_div_factor)``, and ``v0 / final_div_factor`` after ``T``.
+    Formula, with $\eta_\text{peak}$ = ``peak_value``, $d$ = ``div_factor``, $d_\text{final}$ =
+    ``final_div_factor``, $T$ = ``transition_steps``, $v_0 = \eta_\text{peak} / d$,
+    $b_1 = \lfloor p_\text{start} T \rfloor$ and $b_2 = \lfloor p_\text{final} T \rfloor$ ($p_\text{start}$ =
+    ``pct_start``, $p_\text{final}$ = ``pct_final``): linear interpolation through the points $(0, v_0)$,
+    $(b_1, \eta_\text{peak})$, $(b_2, v_0)$, $(T, v_0 / d_\text{final})$, and $v_0 / d_\text{final}$ after $T$.
+    Where two points fall on one step, the later one holds there (with $b_1 = 0$ the cycle starts at
+    $\eta_\text{peak}$; with $b_1 = b_2$ it drops from just below $\eta_\text{peak}$ to $v_0$ at $b_1$).
 
     Args:
-        transition_steps: the length ``T`` of the cycle, a positive integer
+        transition_steps: the length $T$ of the cycle, a positive integer
             (static). No default.
-        peak_value: the value at step ``b1``, any real number. No default.
-        pct_start: the fraction of ``T`` spent going up, in [0, 1] (static).
+        peak_value: the value at step $b_1$, any real number. No default.
+        pct_start: the fraction of $T$ spent going up, in [0, 1] (static).
             Default: ``0.3``.
-        pct_final: the fraction of ``T`` at which the value is back at
-            ``v0``, in [pct_start, 1] (static). Default: ``0.85``.
-        div_factor: ``peak_value / v0``, > 0. Default: ``25.0``.
-        final_div_factor: ``v0 / final value``, > 0. Default: ``1e4``.
+        pct_final: the fraction of $T$ at which the value is back at
+            $v_0$, in [pct_start, 1] (static). Default: ``0.85``.
+        div_factor: $\eta_\text{peak} / v_0$, > 0. Default: ``25.0``.
+        final_div_factor: $v_0$ over the final value, > 0. Default: ``1e4``.
 
     Returns:
         A schedule ``count -> value`` (float32).
@@ -716,21 +749,23 @@ class linear_onecycle(Schedule):
 
 
 class cosine_onecycle(Schedule):
-    """One-cycle with two half-cosine phases: up to ``peak_value``, then down to the final value.
+    r"""One-cycle with two half-cosine phases: up to ``peak_value``, then down to the final value.
 
-    Formula, with ``v0 = peak_value / div_factor``, ``T = transition_steps``
-    and ``b1 = ⌊pct_start·T⌋``: half-cosine interpolation through the points
-    ``(0, v0)``, ``(b1, peak_value)``, ``(T, v0 / final_div_factor)``, and
-    ``v0 / final_div_factor`` after ``T``.
+    Formula, with $\eta_\text{peak}$ = ``peak_value``, $d$ = ``div_factor``, $d_\text{final}$ =
+    ``final_div_factor``, $T$ = ``transition_steps``, $v_0 = \eta_\text{peak} / d$ and
+    $b_1 = \lfloor p_\text{start} T \rfloor$ ($p_\text{start}$ = ``pct_start``): half-cosine interpolation
+    through the points $(0, v_0)$, $(b_1, \eta_\text{peak})$, $(T, v_0 / d_\text{final})$, and
+    $v_0 / d_\text{final}$ after $T$. Where two points fall on one step, the later one holds there (with
+    $b_1 = 0$ the cycle starts at $\eta_\text{peak}$; with $b_1 = T$ it ends at $v_0 / d_\text{final}$).
 
     Args:
-        transition_steps: the length ``T`` of the cycle, a positive integer
+        transition_steps: the length $T$ of the cycle, a positive integer
             (static). No default.
-        peak_value: the value at step ``b1``, any real number. No default.
-        pct_start: the fraction of ``T`` spent going up, in [0, 1] (static).
+        peak_value: the value at step $b_1$, any real number. No default.
+        pct_start: the fraction of $T$ spent going up, in [0, 1] (static).
             Default: ``0.3``.
-        div_factor: ``peak_value / v0``, > 0. Default: ``25.0``.
-        final_div_factor: ``v0 / final value``, > 0. Default: ``1e4``.
+        div_factor: $\eta_\text{peak} / v_0$, > 0. Default: ``25.0``.
+        final_div_factor: $v_0$ over the final value, > 0. Default: ``1e4``.
 
     Returns:
         A schedule ``count -> value`` (float32).
@@ -777,14 +812,19 @@ class cosine_onecycle(Schedule):
 
 
 class warmup_constant(Schedule):
-    """Linear warmup from ``init_value`` to ``peak_value``, then constant at ``peak_value``.
+    r"""Linear warmup from ``init_value`` to ``peak_value``, then constant at ``peak_value``.
 
-    Formula, with ``w = warmup_steps``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{peak}$ = ``peak_value`` and
+    $w$ = ``warmup_steps``:
 
-        η(t) = init_value · (1 - t/w) + peak_value · t/w    if t < w
-        η(t) = peak_value                                   otherwise
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init}\, (1 - t/w) + \eta_\text{peak}\, t/w && \text{if } t < w \\
+    \eta(t) &= \eta_\text{peak} && \text{otherwise}
+    \end{align*}
+    $$
 
-    (``peak_value`` from step 0 when ``warmup_steps = 0``, as in the other
+    ($\eta_\text{peak}$ from step 0 when $w = 0$, as in the other
     warmup schedules; optax holds ``init_value`` then).
 
     Args:
@@ -824,15 +864,21 @@ class warmup_constant(Schedule):
 
 
 class warmup_cosine_decay(Schedule):
-    """Linear warmup from ``init_value`` to ``peak_value``, then cosine decay to ``end_value``.
+    r"""Linear warmup from ``init_value`` to ``peak_value``, then cosine decay to ``end_value``.
 
-    Formula, with ``w = warmup_steps`` and ``k = decay_steps - warmup_steps``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{peak}$ = ``peak_value``,
+    $\eta_\text{end}$ = ``end_value``, $\gamma$ = ``exponent``, $w$ = ``warmup_steps``, $n$ = ``decay_steps``
+    and $k = n - w$:
 
-        η(t) = init_value + (peak_value - init_value) · t/w          if t < w
-        η(t) = end_value + (peak_value - end_value) · c^exponent     otherwise
-        c = ½(1 + cos(π·min(t - w, k)/k))
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init} + (\eta_\text{peak} - \eta_\text{init})\, t/w && \text{if } t < w \\
+    \eta(t) &= \eta_\text{end} + (\eta_\text{peak} - \eta_\text{end})\, c^\gamma && \text{otherwise} \\
+    c &= \tfrac{1}{2} \left(1 + \cos(\pi \min(t - w, k) / k)\right)
+    \end{align*}
+    $$
 
-    (0 throughout the decay when ``peak_value = 0``, as in optax).
+    (0 throughout the decay when $\eta_\text{peak} = 0$, as in optax).
 
     Args:
         init_value: the value at step 0, any real number. No default.
@@ -887,15 +933,20 @@ class warmup_cosine_decay(Schedule):
 
 
 class warmup_exponential_decay(Schedule):
-    """Linear warmup from ``init_value`` to ``peak_value``, then exponential decay.
+    r"""Linear warmup from ``init_value`` to ``peak_value``, then exponential decay.
 
-    Formula, with ``w = warmup_steps``::
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{peak}$ = ``peak_value`` and
+    $w$ = ``warmup_steps``:
 
-        η(t) = init_value + (peak_value - init_value) · t/w    if t < w
-        η(t) = exponential_decay(peak_value, ...)(t - w)        otherwise
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init} + (\eta_\text{peak} - \eta_\text{init})\, t/w && \text{if } t < w \\
+    \eta(t) &= e(t - w) && \text{otherwise}
+    \end{align*}
+    $$
 
-    where the exponential decay takes ``decay_rate``, ``transition_steps``,
-    ``transition_begin``, ``staircase`` and ``end_value``.
+    where $e$ is ``exponential_decay(peak_value, ...)``, the exponential decay from $\eta_\text{peak}$
+    with ``decay_rate``, ``transition_steps``, ``transition_begin``, ``staircase`` and ``end_value``.
 
     Args:
         init_value: the value at step 0, any real number. No default.
@@ -959,12 +1010,17 @@ class warmup_exponential_decay(Schedule):
 
 
 class join_schedules(Schedule):
-    """Runs ``schedules[0]``, then from each boundary the next schedule, restarted at 0.
+    r"""Runs ``schedules[0]``, then from each boundary the next schedule, restarted at 0.
 
-    Formula, with boundaries ``b1 <= b2 <= ...``::
+    Formula, with $s_i$ = ``schedules[i]``, boundaries $b_1 \le b_2 \le \dots \le b_n$ and
+    $b_{n+1} = \infty$ (where boundaries are equal, the later schedule runs from them):
 
-        η(t) = schedules[0](t)          if t < b1
-        η(t) = schedules[i](t - bi)     if bi <= t < b(i+1)
+    $$
+    \begin{align*}
+    \eta(t) &= s_0(t) && \text{if } t < b_1 \\
+    \eta(t) &= s_i(t - b_i) && \text{if } b_i \le t < b_{i+1}
+    \end{align*}
+    $$
 
     Args:
         schedules: a non-empty sequence of schedules. Schedule objects are
@@ -1024,13 +1080,16 @@ class join_schedules(Schedule):
 
 
 class sgdr(Schedule):
-    """SGD with warm restarts: a sequence of warmup-cosine cycles, each starting at step 0.
+    r"""SGD with warm restarts: a sequence of warmup-cosine cycles, each starting at step 0.
 
-    Formula: cycle ``i`` is ``warmup_cosine_decay(**cosine_kwargs[i])`` and
+    Formula: cycle $c_i$ is ``warmup_cosine_decay(**cosine_kwargs[i])`` and
     runs for its ``decay_steps`` steps; the last one holds its ``end_value``
-    after::
+    after. From the start $T_i$ of cycle $i$ (the sum of the ``decay_steps`` of the
+    cycles before it) to the start of the next,
 
-        η(t) = cycle_i(t - Ti),   Ti = decay_steps of the cycles before i
+    $$
+    \eta(t) = c_i(t - T_i)
+    $$
 
     Args:
         cosine_kwargs: a non-empty sequence of cycles, each a dict of
@@ -1079,10 +1138,10 @@ class sgdr(Schedule):
 
 
 class relative_step(Schedule):
-    """Adafactor's relative step size: ``1/sqrt(t)``, capped.
+    r"""Adafactor's relative step size: $1/\sqrt{t}$, capped.
 
-    Formula: ``η(t) = min(max_value, 1/sqrt(t + 1))`` (the paper's ``t``
-    counts from 1).
+    Formula, with $\eta_\text{max}$ = ``max_value``: $\eta(t) = \min(\eta_\text{max}, 1/\sqrt{t + 1})$ (the
+    paper's $t$ counts from 1).
 
     Args:
         max_value: the cap, > 0. Default: ``0.01``.

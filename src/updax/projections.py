@@ -1,7 +1,7 @@
-"""Euclidean projections onto convex sets: the closest point of the set to a pytree, as plain functions.
+r"""Euclidean projections onto convex sets: the closest point of the set to a pytree, as plain functions.
 
-Each function treats the whole pytree as one vector (the concatenation of
-its leaves) and returns ``argmin_{p in C} ‖x - p‖₂`` with the structure,
+Each function treats the whole pytree $x$ as one vector (the concatenation of
+its leaves) and returns $\operatorname*{argmin}_{p \in C} \lVert x - p \rVert_2$ with the structure,
 shapes and dtypes of ``x``; None leaves stay None. Use them for projected
 gradient descent after ``apply_updates``::
 
@@ -150,9 +150,9 @@ def _simplex_threshold(v: jax.Array, z: jax.Array) -> jax.Array:
 
 
 def projection_non_negative(tree: PyTree) -> PyTree:
-    """Projects onto the non-negative orthant.
+    r"""Projects onto the non-negative orthant.
 
-    Rule: ``p = max(x, 0)``, element by element.
+    Rule: $p = \max(x, 0)$, element by element.
 
     Args:
         tree: the point to project, a pytree of floating arrays. No default.
@@ -174,9 +174,9 @@ def projection_non_negative(tree: PyTree) -> PyTree:
 
 
 def projection_box(tree: PyTree, lower: ArrayLike | PyTree, upper: ArrayLike | PyTree) -> PyTree:
-    """Projects onto the box ``lower <= p <= upper``.
+    r"""Projects onto the box $\text{lower} \le p \le \text{upper}$.
 
-    Rule: ``p = min(max(x, lower), upper)``, element by element. A bound not
+    Rule: $p = \min(\max(x, \text{lower}), \text{upper})$, element by element. A bound not
     exact in a leaf's dtype is rounded into the box.
 
     Args:
@@ -203,9 +203,9 @@ def projection_box(tree: PyTree, lower: ArrayLike | PyTree, upper: ArrayLike | P
 
 
 def projection_hypercube(tree: PyTree, scale: ArrayLike | PyTree = 1.0) -> PyTree:
-    """Projects onto the hypercube ``0 <= p <= scale``.
+    r"""Projects onto the hypercube $0 \le p \le \text{scale}$.
 
-    Rule: ``p = min(max(x, 0), scale)``, element by element.
+    Rule: $p = \min(\max(x, 0), \text{scale})$, element by element.
 
     Args:
         tree: the point to project, a pytree of floating arrays. No default.
@@ -230,12 +230,18 @@ def projection_hypercube(tree: PyTree, scale: ArrayLike | PyTree = 1.0) -> PyTre
 
 
 def projection_simplex(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
-    """Projects onto the simplex ``{p >= 0, sum(p) = scale}``, all leaves together.
+    r"""Projects onto the simplex $\{p \ge 0, \sum p = \text{scale}\}$, all leaves together.
 
-    Rule (Duchi et al., Figure 1): sort the elements in decreasing order,
-    ``μ₁ >= μ₂ >= ...``; with ``ρ = max{j : μ_j - (Σ_{r<=j} μ_r - scale) / j > 0}``
-    and ``θ = (Σ_{r<=ρ} μ_r - scale) / ρ``, ``p = max(x - θ, 0)``. The sort
-    makes it ``O(n log n)`` in the total number of elements ``n``, and it
+    Rule (Duchi et al., Figure 1): sort the elements of $x$ in decreasing order,
+    $\mu_1 \ge \mu_2 \ge \dots$; with
+
+    $$
+    \rho = \max \{ j : \mu_j - \tfrac{1}{j} (\mu_1 + \dots + \mu_j - \text{scale}) > 0 \}, \qquad
+    \theta = \tfrac{1}{\rho} (\mu_1 + \dots + \mu_\rho - \text{scale}),
+    $$
+
+    $p = \max(x - \theta, 0)$. The sort
+    makes it $O(n \log n)$ in the total number of elements $n$, and it
     holds a float32 (or wider) copy of them all. A point of the simplex is
     returned as it is, up to rounding.
 
@@ -269,11 +275,11 @@ def projection_simplex(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
 
 
 def projection_l1_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
-    """Projects onto the L1 ball ``{‖p‖₁ <= scale}``, all leaves together.
+    r"""Projects onto the L1 ball $\{\lVert p \rVert_1 \le \text{scale}\}$, all leaves together.
 
-    Rule: ``p = x`` if ``‖x‖₁ <= scale``; else ``p = sign(x)·max(|x| - θ, 0)``
-    with ``θ`` the simplex threshold of ``|x|`` (see
-    :func:`projection_simplex`), so that ``‖p‖₁ = scale``.
+    Rule: $p = x$ if $\lVert x \rVert_1 \le \text{scale}$; else
+    $p = \operatorname{sign}(x) \max(\lvert x \rvert - \theta, 0)$ with $\theta$ the simplex threshold
+    of $\lvert x \rvert$ (see :func:`projection_simplex`), so that $\lVert p \rVert_1 = \text{scale}$.
 
     Args:
         tree: the point to project, a pytree of floating arrays. No default.
@@ -292,7 +298,7 @@ def projection_l1_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
     References:
         Duchi, Shalev-Shwartz, Singer & Chandra, "Efficient projections onto
         the l1-ball for learning in high dimensions", ICML 2008 (the L1 ball
-        reduced to the simplex of ``|x|``, and Figure 1).
+        reduced to the simplex of $\lvert x \rvert$, and Figure 1).
         https://doi.org/10.1145/1390156.1390191; optax.projections.projection_l1_ball.
     """
     call = "projection_l1_ball"
@@ -315,9 +321,9 @@ def projection_l1_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
 
 
 def projection_l2_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
-    """Projects onto the L2 ball ``{‖p‖₂ <= scale}``, all leaves together.
+    r"""Projects onto the L2 ball $\{\lVert p \rVert_2 \le \text{scale}\}$, all leaves together.
 
-    Rule: ``p = x · scale / ‖x‖₂`` if ``‖x‖₂ > scale``, else ``p = x``.
+    Rule: $p = x \cdot \text{scale} / \lVert x \rVert_2$ if $\lVert x \rVert_2 > \text{scale}$, else $p = x$.
 
     Args:
         tree: the point to project, a pytree of floating arrays. No default.
@@ -354,9 +360,9 @@ def projection_l2_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
 
 
 def projection_linf_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
-    """Projects onto the L-infinity ball ``{max |p| <= scale}``.
+    r"""Projects onto the L-infinity ball $\{\max \lvert p \rvert \le \text{scale}\}$.
 
-    Rule: ``p = min(max(x, -scale), scale)``, element by element.
+    Rule: $p = \min(\max(x, -\text{scale}), \text{scale})$, element by element.
 
     Args:
         tree: the point to project, a pytree of floating arrays. No default.

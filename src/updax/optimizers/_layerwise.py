@@ -102,11 +102,17 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
 
 @optimizer
 def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, maximize: bool = False) -> Update:
-    """Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
+    r"""Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
 
-    Pipeline, with ``m = 1/sqrt(1 + lr²)``: ``scale_by_trust_ratio(min_norm)
-    |> scale_by_learning_rate(lr·m) |> add_decayed_weights(m - 1)``, so that
-    ``p ← m·(p - lr·‖p‖/‖g‖·g)``. The learning rate must be a number.
+    Pipeline, with $\eta$ = ``learning_rate`` and $m = 1 / \sqrt{1 + \eta^2}$:
+    ``scale_by_trust_ratio(min_norm) |> scale_by_learning_rate(learning_rate * m) |> add_decayed_weights(m - 1)``,
+    so that, with the norms taken per leaf,
+
+    $$
+    p \gets m \left(p - \eta\, \frac{\lVert p \rVert}{\lVert g \rVert}\, g\right)
+    $$
+
+    The learning rate must be a number.
 
     Args:
         learning_rate: a positive number. Default: ``0.01``.

@@ -11,12 +11,13 @@ from updax.updates import scale_by_adam, scale_by_optimistic_gradient
 @optimizer
 def optimistic_gradient_descent(learning_rate: ScalarOrSchedule = 1e-2, alpha: ScalarOrSchedule = 1.0,
                                 beta: ScalarOrSchedule = 1.0, *, maximize: bool = False) -> Update:
-    """Optimistic gradient descent: each step corrects by the change of the gradient since the last one.
+    r"""Optimistic gradient descent: each step corrects by the change of the gradient since the last one.
 
     Pipeline: ``scale_by_optimistic_gradient(alpha, beta) |> scale_by_learning_rate(learning_rate)``,
-    i.e. ``w ← w - η·((α + β)·g_t - β·g_(t-1))``; with ``α = β = 1`` it is
+    i.e., with $\eta$ = ``learning_rate``, $\alpha$ = ``alpha``, $\beta$ = ``beta``,
+    $w \gets w - \eta\, ((\alpha + \beta)\, g_t - \beta\, g_{t-1})$; with $\alpha = \beta = 1$ it is
     optimistic mirror descent, whose last iterate converges in bilinear
-    games where gradient descent cycles. The first step is ``-η·α·g``.
+    games where gradient descent cycles. The first step is $-\eta \alpha\, g$.
 
     Args:
         learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
@@ -49,13 +50,15 @@ def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSched
                     beta: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
                     eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
                     nu_dtype: DType = None, nesterov: bool = False, maximize: bool = False) -> Update:
-    """Optimistic Adam: optimistic steps along Adam's direction.
+    r"""Optimistic Adam: optimistic steps along Adam's direction.
 
     Pipeline: ``scale_by_adam(b1, b2, eps, eps_root) |> scale_by_optimistic_gradient(alpha, beta)
-    |> scale_by_learning_rate(learning_rate)``. With ``r_t = m̂_t / (sqrt(v̂_t
-    + eps_root) + eps)`` Adam's direction, ``w ← w - η·((α + β)·r_t -
-    β·r_(t-1))``: the paper's Algorithm 1 at ``α = β = 1``
-    (``w ← w - 2η·r_t + η·r_(t-1)``). The first step is ``-η·α·r_1``.
+    |> scale_by_learning_rate(learning_rate)``. With $\eta$ = ``learning_rate``, $\alpha$ = ``alpha``,
+    $\beta$ = ``beta``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root`` and
+    $r_t = \hat m_t / (\sqrt{\hat v_t + \epsilon_\text{root}} + \epsilon)$ Adam's direction (see
+    :func:`updax.scale_by_adam`), $w \gets w - \eta\, ((\alpha + \beta)\, r_t - \beta\, r_{t-1})$: the
+    paper's Algorithm 1 at $\alpha = \beta = 1$ ($w \gets w - 2\eta\, r_t + \eta\, r_{t-1}$). The first
+    step is $-\eta \alpha\, r_1$.
     ``nesterov`` is False by default, as in the paper; optax's
     ``optimistic_adam_v2`` defaults to True.
 

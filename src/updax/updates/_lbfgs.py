@@ -141,19 +141,27 @@ _MEMORY_SIZE = Integer(1, 1000, why=" (the state holds 2·memory_size copies of 
 
 @combinator
 def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> Update:
-    """Multiplies updates by the L-BFGS approximation of the inverse Hessian.
+    r"""Multiplies updates by the L-BFGS approximation of the inverse Hessian.
 
-    Update rule (Nocedal & Wright, Algorithm 7.4), with ``u_k`` the incoming
-    update (a gradient), ``w_k`` the params, and the last ``m`` pairs
-    ``s_i = w_{i+1} - w_i``, ``y_i = u_{i+1} - u_i``, ``rho_i = 1/<y_i, s_i>``
-    (0 where ``<y_i, s_i> = 0``)::
+    Update rule (Nocedal & Wright, Algorithm 7.4), with $u_k$ the incoming
+    update (a gradient), $w_k$ the params, $m$ = ``memory_size``, and the last
+    $m$ pairs $s_i = w_{i+1} - w_i$, $y_i = u_{i+1} - u_i$,
+    $\rho_i = 1 / \langle y_i, s_i \rangle$ (0 where $\langle y_i, s_i \rangle = 0$):
 
-        q ← u_k;   for i = k-1 … k-m:  alpha_i = rho_i·<s_i, q>,  q ← q - alpha_i·y_i
-        r ← gamma_k·q;   for i = k-m … k-1:  beta = rho_i·<y_i, r>,  r ← r + (alpha_i - beta)·s_i
-        u = r,   gamma_k = <s_{k-1}, y_{k-1}> / <y_{k-1}, y_{k-1}>  (1 without ``scale_init_precond``)
+    $$
+    \begin{align*}
+    q &\gets u_k, \quad \text{then for } i = k-1, \dots, k-m: \quad \alpha_i = \rho_i \langle s_i, q \rangle,
+        \quad q \gets q - \alpha_i\, y_i \\
+    r &\gets \gamma_k\, q, \quad \text{then for } i = k-m, \dots, k-1: \quad \beta = \rho_i \langle y_i, r \rangle,
+        \quad r \gets r + (\alpha_i - \beta)\, s_i \\
+    u &= r
+    \end{align*}
+    $$
 
-    On the first call ``gamma_0 = min(1, 1/||u_0||)``, optax's choice (the
-    book leaves it open): the first step has length at most 1. ``<·,·>`` is
+    with $\gamma_k = \langle s_{k-1}, y_{k-1} \rangle / \langle y_{k-1}, y_{k-1} \rangle$ (1 where
+    $\langle y_{k-1}, y_{k-1} \rangle = 0$), or $\gamma_k = 1$ without ``scale_init_precond``. On the first
+    call, with ``scale_init_precond``, $\gamma_0 = \min(1, 1 / \lVert u_0 \rVert)$, optax's choice (the
+    book leaves it open): the first step has length at most 1. $\langle \cdot, \cdot \rangle$ is
     the real part of the complex inner product, so complex params work. The
     pairs are formed from the params and updates of consecutive calls: put
     the stage first, and apply the step the pipeline returns.
@@ -161,8 +169,8 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> Up
     Args:
         memory_size: the number of pairs kept, an integer in [1, 1000]; 3 to
             20 is the usual range (Nocedal & Wright, section 7.2). Default: ``10``.
-        scale_init_precond: start the recursion from ``gamma_k·I`` (else
-            ``I``). Default: ``True``.
+        scale_init_precond: start the recursion from $\gamma_k I$ (else
+            $I$). Default: ``True``.
 
     Returns:
         An update object with state ``ScaleByLbfgsState(count, prev_params,

@@ -213,22 +213,27 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
                                      max_learning_rate: float = 1.0, atol: float = 0.0, rtol: float = 0.0,
                                      store_grad: bool = False, objective: Callable[..., Any] | None = None
                                      ) -> Update:
-    """Scales updates by a step size with sufficient decrease, found by backtracking (Armijo).
+    r"""Scales updates by a step size with sufficient decrease, found by backtracking (Armijo).
 
-    Rule: with ``f`` the objective, ``w`` the params, ``u`` the incoming
-    update (a descent direction, e.g. ``-∇f``) and ``g = ∇f(w)``, the step
-    ``η`` starts at ``min(increase_factor·η_prev, max_learning_rate)`` and is
-    multiplied by ``decrease_factor`` until (at most ``max_backtracking_steps``
-    times)::
+    Rule: with $f$ the objective, $w$ the params, $u$ the incoming update (a
+    descent direction, e.g. $-\nabla f$), $g = \nabla f(w)$, $c_1$ =
+    ``slope_rtol``, $\tau_\text{abs}$ = ``atol``, $\tau_\text{rel}$ = ``rtol``,
+    the step $\eta$ starts at $\min(\kappa\, \eta_\text{prev}, \eta_\text{max})$, with
+    $\kappa$ = ``increase_factor``, $\eta_\text{max}$ = ``max_learning_rate`` and
+    $\eta_\text{prev}$ the last step taken (1 on the first call), and is
+    multiplied by $\delta$ = ``decrease_factor`` until (at most
+    ``max_backtracking_steps`` times)
 
-        f(w + η·u) <= (1 + rtol)·f(w) + η·slope_rtol·<u, g> + atol
+    $$
+    f(w + \eta u) \le (1 + \tau_\text{rel})\, f(w) + c_1 \eta\, \langle u, g \rangle + \tau_\text{abs}
+    $$
 
-    and the output is ``η·u``. If every value tried is NaN or infinite, ``η = 0``,
-    and the next call starts again from ``max_learning_rate`` (optax's starts
-    from ``increase_factor·0 = 0`` and never moves again). The direction must
-    descend (``<u, g> < 0``): along one that does not, no step of a convex
-    objective passes, and the last one tried,
-    ``decrease_factor**max_backtracking_steps`` times the first, is taken
+    and the output is $\eta u$. If every value tried is NaN or infinite, $\eta = 0$,
+    and the next call starts again from $\eta_\text{max}$ (optax's starts
+    from $\kappa \cdot 0 = 0$ and never moves again). The direction must
+    descend ($\langle u, g \rangle < 0$): along one that does not, no step of a convex
+    objective passes, and the last one tried, $\delta^N$ times the first
+    ($N$ = ``max_backtracking_steps``), is taken
     uphill, as optax's is; the state's ``decrease_error > 0`` says so.
     ``update`` takes the objective's ``value``, ``grad`` and ``value_fn``
     (see the module), or the stage is built with ``objective``.
@@ -236,7 +241,7 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
     Args:
         max_backtracking_steps: the most step-size reductions per call, an
             integer in [0, 1000]. No default.
-        slope_rtol: the fraction ``c1`` of the linear decrease required, in
+        slope_rtol: the fraction $c_1$ of the linear decrease required, in
             [0, 1). Default: ``0.0001``.
         decrease_factor: the factor a rejected step is multiplied by, in (0, 1).
             Default: ``0.8``.
@@ -470,28 +475,34 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
                              approx_dec_rtol: float | None = 1e-6, stepsize_precision: float = 1e-5,
                              initial_guess_strategy: str = "keep", objective: Callable[..., Any] | None = None
                              ) -> Update:
-    """Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
+    r"""Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
 
-    Rule (Nocedal & Wright, Algorithms 3.5 and 3.6): with ``f`` the objective,
-    ``w`` the params, ``u`` the incoming update (a descent direction) and
-    ``φ(η) = f(w + η·u)``, find ``η`` with::
+    Rule (Nocedal & Wright, Algorithms 3.5 and 3.6): with $f$ the objective,
+    $w$ the params, $u$ the incoming update (a descent direction),
+    $\varphi(\eta) = f(w + \eta u)$, $c_1$ = ``slope_rtol``, $c_2$ = ``curv_rtol``
+    and $\tau$ = ``tol``, find $\eta$ with
 
-        φ(η) <= φ(0) + slope_rtol·η·φ'(0) + tol        (sufficient decrease)
-        |φ'(η)| <= curv_rtol·|φ'(0)| + tol               (curvature)
+    $$
+    \begin{align*}
+    \varphi(\eta) &\le \varphi(0) + c_1 \eta\, \varphi'(0) + \tau && \text{(sufficient decrease)} \\
+    \lvert \varphi'(\eta) \rvert &\le c_2 \lvert \varphi'(0) \rvert + \tau && \text{(curvature)}
+    \end{align*}
+    $$
 
-    by growing ``η`` by ``increase_factor`` from the first guess until an
+    by growing $\eta$ by ``increase_factor`` from the first guess until an
     interval holds such a step, then shrinking the interval around the
     minimiser of a cubic or quadratic fit (or its midpoint); the output is
-    ``η·u``. Near flat values the decrease test is Hager and Zhang's
-    approximate one, ``φ'(η) <= (2·slope_rtol - 1)·φ'(0)``, where
-    ``φ(η) <= φ(0) + approx_dec_rtol·|φ(0)|``. Out of steps, it takes the best
+    $\eta u$. Near flat values, where $\varphi(\eta) \le \varphi(0) + \epsilon \lvert \varphi(0) \rvert + \tau$
+    with $\epsilon$ = ``approx_dec_rtol``, Hager and Zhang's approximate test
+    $\varphi'(\eta) \le (2 c_1 - 1)\, \varphi'(0) + \tau$ also counts as
+    sufficient decrease. Out of steps, it takes the best
     step with sufficient decrease seen, else the last one tried (the state's
     ``decrease_error`` or ``curvature_error`` is then > 0). It stops so too
     once the interval has collapsed, with no step left to try: narrower than
     the float resolution at its ends, or its larger end below the smallest
     normal number or moving no param (then no step in it does); optax's
     search evaluates the same point until ``max_linesearch_steps``. The
-    direction must descend (``φ'(0) < 0``): along one that does not, no step
+    direction must descend ($\varphi'(0) < 0$): along one that does not, no step
     of a convex objective has sufficient decrease, and the search shrinks
     towards 0 and takes its last, tiny step uphill, as optax's does. Where it
     stops is decided by rounding, so that step may differ between one device
@@ -507,8 +518,8 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
         tol: slack of both criteria, >= 0. Default: ``0.0``.
         increase_factor: the factor the step grows by while bracketing, > 1.
             Default: ``2.0``.
-        slope_rtol: ``c1`` of the sufficient decrease, in [0, 1). Default: ``0.0001``.
-        curv_rtol: ``c2`` of the curvature condition, >= 0 (``c1 < c2 < 1`` in
+        slope_rtol: $c_1$ of the sufficient decrease, in [0, 1). Default: ``0.0001``.
+        curv_rtol: $c_2$ of the curvature condition, >= 0 ($c_1 < c_2 < 1$ in
             the book). Default: ``0.9``.
         approx_dec_rtol: the relative change of the value below which the
             approximate decrease test applies, >= 0, or None for Armijo's test

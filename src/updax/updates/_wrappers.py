@@ -86,17 +86,23 @@ def _apply_lookahead(updates, state, params, *, inner, sync_period, slow_step_si
 @combinator(wraps=True)
 def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSchedule = 0.5,
               reset_state: bool = False, *, accumulator_dtype: DType = None) -> Update:
-    """Lookahead: ``k`` steps of the pipeline before it, then one step of the slow weights towards them.
+    r"""Lookahead: ``k`` steps of the pipeline before it, then one step of the slow weights towards them.
 
     The pipeline before it (the fast optimizer) moves the params, the fast
-    weights ``θ``; the slow weights ``φ`` live in the state, starting at the
-    params. Every ``k``-th call the slow weights step towards the fast ones
+    weights $\theta$; the slow weights $\varphi$ live in the state, starting at the
+    params. Every $k$-th call ($k$ = ``sync_period``) the slow weights step towards the fast ones
     and the emitted update puts the params at the new slow weights, where
-    the next ``k`` fast steps start (the paper's Algorithm 1)::
+    the next $k$ fast steps start (the paper's Algorithm 1). With $g$ the
+    incoming update and $\alpha$ = ``slow_step_size``:
 
-        θ' = θ + inner(g)
-        not a sync:  u = θ' - θ
-        every k-th:  φ ← φ + α·(θ' - φ),   u = φ - θ
+    $$
+    \begin{align*}
+    \theta' &= \theta + \text{inner}(g) \\
+    u &= \theta' - \theta && \text{(not a sync)} \\
+    \varphi &\gets \varphi + \alpha\, (\theta' - \varphi), \quad u = \varphi - \theta
+        && \text{(every } k\text{-th call)}
+    \end{align*}
+    $$
 
     It works in the usual loop with plain params (take gradients at the
     params, apply the updates): unlike ``optax.lookahead``, which needs
@@ -104,16 +110,16 @@ def lookahead(inner: Update, sync_period: int = 5, slow_step_size: ScalarOrSched
     the slow weights are state, read with
     ``opt.get_state(state, "lookahead.slow")``; right after a sync the
     params equal them bit for bit (the new slow weights are the new params
-    as :func:`apply_updates` computes them, ``θ + (φ' - θ)``, within
-    rounding of the paper's ``φ'``; with a wider ``accumulator_dtype``, or
-    updates narrower than the params, ``φ'`` itself, and the params within
+    as :func:`apply_updates` computes them, $\theta + (\varphi' - \theta)$, within
+    rounding of the paper's $\varphi'$; with a wider ``accumulator_dtype``, or
+    updates narrower than the params, $\varphi'$ itself, and the params within
     the updates' rounding of it). Do not change the updates after this
     stage.
 
     Args:
-        sync_period: ``k``, the fast steps per slow step, an integer >= 1.
+        sync_period: $k$, the fast steps per slow step, an integer >= 1.
             Default: ``5``.
-        slow_step_size: ``α``, the slow weights' step, in (0, 1].
+        slow_step_size: $\alpha$, the slow weights' step, in (0, 1].
             Default: ``0.5``.
         reset_state: after each sync, restart the pipeline before it from
             its ``init`` at the new params. Default: ``False``.
@@ -210,18 +216,26 @@ def _apply_sam(updates, state, params, *, inner, adversary, rho, sync_period, re
 @combinator(wraps=True)
 def sam(inner: Update, rho: ScalarOrSchedule = 0.05, sync_period: int = 2, *, reset_state: bool = True,
         adversary: Update | None = None) -> Update:
-    """Sharpness-aware minimisation: ascent steps, then the step of the pipeline before it from the start.
+    r"""Sharpness-aware minimisation: ascent steps, then the step of the pipeline before it from the start.
 
-    Each cycle of ``k = sync_period`` calls takes ``k - 1`` adversarial
-    (ascent) steps from the outer params ``w`` and then one descent step of
+    Each cycle of $k$ = ``sync_period`` calls takes $k - 1$ adversarial
+    (ascent) steps from the outer params $w$ and then one descent step of
     the pipeline before it (the outer optimizer) with the gradient at the
-    perturbed params, applied at ``w``; one gradient per call, as in the
-    usual loop (optax.contrib.sam's default, non-opaque mode)::
+    perturbed params, applied at $w$; one gradient per call, as in the
+    usual loop (optax.contrib.sam's default, non-opaque mode). With $p$ the
+    params the call gets (after the ascent steps, $w$ plus their $\epsilon$),
+    $g$ the gradient there, $\rho$ = ``rho`` and $\lVert \cdot \rVert$ the
+    global norm over all leaves:
 
-        ascent:   u = ε = ρ·d/‖d‖,  d = g (or adversary(g)); ε = 0 if d = 0
-        descent:  u = w - p + inner(g at w + ε),  and the cycle restarts
+    $$
+    \begin{align*}
+    \text{ascent:} \quad u &= \epsilon = \rho\, d / \lVert d \rVert, \quad d = g \text{ (or adversary}(g)\text{)};
+        \quad \epsilon = 0 \text{ if } d = 0 \\
+    \text{descent:} \quad u &= w - p + \text{inner}(g), \quad \text{and the cycle restarts}
+    \end{align*}
+    $$
 
-    With ``k = 2`` that is the paper's SAM with ``p = 2``. The gradients of
+    With $k = 2$ that is the paper's SAM in the 2-norm (its $p = 2$). The gradients of
     the ascent calls (and any loss or metric at the perturbed params) are
     not the model's: read ``steps_since_sync`` (0 after a descent) to tell
     them apart. ``adversary`` shapes the ascent direction (``rho`` sets its
@@ -229,8 +243,8 @@ def sam(inner: Update, rho: ScalarOrSchedule = 0.05, sync_period: int = 2, *, re
     ``adv_optimizer=chain(scale_by_adam(), normalize(), sgd(rho))``.
 
     Args:
-        rho: ``ρ``, the length of each ascent step, >= 0. Default: ``0.05``.
-        sync_period: ``k``, the calls per descent step, an integer >= 1
+        rho: $\rho$, the length of each ascent step, >= 0. Default: ``0.05``.
+        sync_period: $k$, the calls per descent step, an integer >= 1
             (1: no ascent, the pipeline before it alone). Default: ``2``.
         reset_state: restart the adversary from its ``init`` after each
             descent step. Default: ``True``.
@@ -298,15 +312,18 @@ def _apply_optimistic(updates, state, params, *, alpha, beta):
 @combinator
 def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSchedule = 1.0, *,
                                  accumulator_dtype: DType = None) -> Update:
-    """Optimistic gradients: the update extrapolates from the previous one, ``(α + β)·g - β·g_prev``.
+    r"""Optimistic gradients: the update extrapolates from the previous one, ``(α + β)·g - β·g_prev``.
 
-    Update rule (``g_prev`` the previous call's input; on the first call
-    ``g_prev = g``, so the first update is ``α·g``)::
+    Update rule, for an update $g$, with $\alpha$ = ``alpha``, $\beta$ = ``beta``
+    and $g_\text{prev}$ the previous call's input (on the first call
+    $g_\text{prev} = g$, so the first update is $\alpha g$):
 
-        u = (alpha + beta)·g - beta·g_prev
+    $$
+    u = (\alpha + \beta)\, g - \beta\, g_\text{prev}
+    $$
 
-    With ``alpha = beta = 1`` and a learning rate ``η`` after it, it is
-    optimistic mirror descent, ``w ← w - 2η·g_t + η·g_(t-1)``; after
+    With $\alpha = \beta = 1$ and a learning rate $\eta$ after it, it is
+    optimistic mirror descent, $w \gets w - 2\eta\, g_t + \eta\, g_{t-1}$; after
     ``scale_by_adam`` it is Optimistic Adam. Use it for min-max problems
     (GANs, games), where plain gradient steps cycle.
 
