@@ -139,3 +139,31 @@ def test_a_table_cells_statements_show_one_per_line(site):
     """docs/hooks/tables.py: the errors page's code cells break after each ``;``, not mid-call."""
     errors = (site / "errors" / "index.html").read_text()
     assert "adamw = ux.optimizers.adamw(0.1);<br>adamw.update(" in re.sub(r"<(?!br)[^>]+>", "", errors)
+
+
+def _hook(name):
+    spec = importlib.util.spec_from_file_location(f"updax_docs_{name}", ROOT / "docs" / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("latex, why", [(r"\foo{x}", r"does not know ['\\foo']"),
+                                        (r"\text{eps\_root}", "does not know"),
+                                        (r"\bigl\{ x \bigr\}", "does not know"),
+                                        (r"\frac{a}{b", "unbalanced braces")])
+def test_the_maths_hook_stops_the_build_on_a_formula_that_would_render_wrong(latex, why):
+    pytest.importorskip("latex2mathml")
+    maths = _hook("maths")
+    with pytest.raises(ValueError, match=re.escape(why)):
+        maths.to_mathml(latex, where="page.md")
+    assert maths.to_mathml(r"\frac{m}{\sqrt{v} + \epsilon}").count("<mfrac>") == 1
+
+
+def test_the_link_hook_links_names_and_leaves_code_and_other_calls_alone():
+    reference = _hook("reference")
+    text = ("Use `scale_by_adam` or `ux.optimizers.adam(1e-3)`, not `adam(1e-3).init(p)`, `b1` or [`adam`](x).\n"
+            "```python\nscale_by_adam()\n```\n# `scale_by_adam`\n")
+    assert reference.link_names(text) == (
+        "Use [`scale_by_adam`][updax.updates.scale_by_adam] or [`ux.optimizers.adam(1e-3)`][updax.optimizers.adam], "
+        "not `adam(1e-3).init(p)`, `b1` or [`adam`](x).\n```python\nscale_by_adam()\n```\n# `scale_by_adam`\n")

@@ -6,9 +6,10 @@ this hook turns each mark into a ``<math>`` element with ``latex2mathml`` (a
 package of the ``docs`` extra). Browsers draw MathML themselves, so the built
 site loads no maths script and works with no network.
 
-latex2mathml passes a command it does not know through as text and closes
-an unbalanced brace silently; a page with either would show broken maths,
-so the build stops on both and names the page and the formula.
+latex2mathml passes what it does not understand through as text (a command it
+does not know, an escaped underscore inside a text, a sized brace) and closes
+an unbalanced brace silently; a page with either would show broken maths, so
+the build stops on both and names the page and the formula.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 from latex2mathml.converter import convert
 
 _MARK = re.compile(r'<(span|div) class="arithmatex">\\([(\[])(.*?)\\[)\]]</\1>', re.S)
-_LEFT_AS_TEXT = re.compile(r"<m(?:i|o|text)>(\\[A-Za-z]+)</m(?:i|o|text)>")
+_LEFT_AS_TEXT = re.compile(r">[^<]*(\\[^<\s]*)")  # a backslash in a MathML element's text: LaTeX not understood
 
 
 def to_mathml(latex: str, *, display: bool = False, where: str = "") -> str:
