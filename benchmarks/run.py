@@ -24,9 +24,9 @@ and for optax with the same hyperparameters. It reports
 - numerical equality: the largest difference of both sides' params after 3
   steps, relative to the largest change optax made to that leaf.
 
-Results go to ``benchmarks/results/results.json`` and ``results.md``, and a
-plot to ``docs/performance.png``. Eager (un-jitted) ``update`` is timed too, each
-library in a fresh process (its first call compiles every op per leaf shape).
+Results go to ``benchmarks/results/results.json`` and ``results.md`` (``figures.py`` draws the docs' pictures
+from them and from ``step_times.py``'s and ``compile_times.py``'s). Eager (un-jitted) ``update`` is timed too,
+each library in a fresh process (its first call compiles every op per leaf shape).
 """
 
 from __future__ import annotations
@@ -494,36 +494,6 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
-def plot(result, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
-        return
-    rows = result["rows"]
-    labels = [f"{r['workload']}\n{r['recipe']}" for r in rows]
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(rows)), 7), sharex=True)
-    x = np.arange(len(rows))
-    axes[0].bar(x, [r["step_ratio"] for r in rows], color="tab:blue", label="updax / optax")
-    aa = [(i, r["aa_step_ratio"]) for i, r in zip(x, rows) if "aa_step_ratio" in r]
-    if aa:  # the same program against itself: how far this run's ratios scatter
-        axes[0].plot(*zip(*aa), "k_", markersize=10, label="A/A: updax / updax")
-        axes[0].legend(loc="lower right", fontsize=7)
-    axes[0].axhline(1.0, color="k", lw=0.8)
-    axes[0].set_ylabel("step time, updax / optax")
-    axes[1].bar(x, [r["compile_ratio"] for r in rows], color="tab:orange")
-    axes[1].axhline(1.0, color="k", lw=0.8)
-    axes[1].set_ylabel("compile time, updax / optax")
-    axes[1].set_xticks(x, labels, rotation=90, fontsize=7)
-    fig.suptitle("updax vs optax (lower is faster)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
-
-
 def environment():
     """The versions, the machine and the device a result was measured with."""
     device = jax.devices()[0]
@@ -551,7 +521,6 @@ def main(argv=None):
     parser.add_argument("--recipes", default=",".join(RECIPES))
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--plot", default=str(ROOT / "docs" / "performance.png"))
     parser.add_argument("--eager-case", help=argparse.SUPPRESS)  # internal: one side's eager timings
     args = parser.parse_args(argv)
     if args.eager_case:
@@ -583,11 +552,6 @@ def main(argv=None):
               "bandwidth_gb_s": bw.bytes_per_second() / 1e9 if bw.seconds else float("nan"),
               "rows": rows, "eager": eager}
     write_results(args.out, "results", result, markdown(result))
-    if not args.quick:
-        plot_path = Path(args.plot)
-        if result["platform"] != "cpu":
-            plot_path = plot_path.with_name(f"{plot_path.stem}-{result['platform']}{plot_path.suffix}")
-        plot(result, plot_path)
     return result
 
 

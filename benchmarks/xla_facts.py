@@ -1,4 +1,4 @@
-"""The XLA-on-CPU facts behind docs/performance.md, measured: what limits an optimizer step and its compile.
+"""The XLA-on-CPU facts behind docs/performance-xla.md, measured: what limits an optimizer step and its compile.
 
 Run from the repository root (``pip install -e ".[bench]"`` first)::
 

@@ -305,6 +305,29 @@ def test_the_step_time_benchmark_runs_in_rounds_and_judges_with_the_compile_time
     assert "| T | dowg |" in (tmp_path / "step_times_catalogue-quick.md").read_text()
 
 
+def test_the_figures_are_drawn_from_the_recorded_results(tmp_path):
+    """benchmarks/figures.py draws the performance page's three pictures from benchmarks/results/ (measuring
+    nothing), 800 pixels wide, each case from the latest run that has it; the committed pictures are its output."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import figures
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    paths = figures.main(["--out", str(tmp_path)])
+    assert [p.name for p in paths] == ["performance-step.png", "performance-compile.png", "performance-memory.png"]
+    page = (ROOT / "docs" / "performance.md").read_text()
+    for path in paths:
+        width = int.from_bytes(path.read_bytes()[16:20], "big")  # (the PNG header's width)
+        assert width == 800, (path.name, width)
+        assert (ROOT / "docs" / path.name).exists() and f"({path.name})" in page, path.name
+    results = ROOT / "benchmarks" / "results"
+    step = figures.read(results, figures.STEP_RUNS, "step")
+    assert len(step) == 40 and step[("T", "lamb")]["run"] == len(figures.STEP_RUNS) - 1  # (the latest run has it)
+    assert step[("S", "adam")]["run"] < step[("S", "adam/flat")]["run"]  # (S's default layout: an older run)
+    memory = figures.read(results, figures.MEMORY_RUNS, "memory")
+    assert memory[("T", "lamb")]["label"] == "577 / 865 MB" and memory[("T", "adam")]["verdict"] == "level"
+
+
 #: Polaris 0.1's public API (https://hexdocs.pm/polaris/0.1.0/), arities folded: what the porting checklist covers.
 POLARIS = {
     "Polaris.Updates": ["add_decayed_weights", "add_noise", "apply_updates", "centralize", "clip",

@@ -130,7 +130,7 @@ def stateful(init_fn: Callable[..., Any], apply_fn: Callable[..., Any], *, name:
             momentum). Traced for the CPU with params given, their new values
             are written after the params' update, so that XLA updates their
             donated buffers in place where it would otherwise copy the old
-            state first (see "The state in place" in docs/performance.md).
+            state first (see "The state in place" in docs/performance-xla.md).
             Only the numbers' order of computation changes. A wrapper stage
             may name its ``wraps`` field: when its pipeline is elementwise,
             every leaf of that pipeline's state shaped like a param is then

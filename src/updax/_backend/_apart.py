@@ -25,7 +25,7 @@ false.
   every call).
 
 What each saves: ``python benchmarks/in_place.py`` (results in
-``benchmarks/results/in_place*.md``, summed up in docs/performance.md, "The
+``benchmarks/results/in_place*.md``, summed up in docs/performance-xla.md, "The
 state in place"). That they change no number and remove the copies:
 ``tests/test_in_place.py`` (bit for bit against the generic path, and the
 copies read from XLA's compiled program).

@@ -19,7 +19,7 @@ traced value there already) whose domain lies in [0, 1], a decay's. The
 value keeps its weak type, so it promotes as the number did.
 
 What it saves: ``python benchmarks/step_times.py --catalogue --recipes
-adan,adam/b1=0.5`` (docs/performance.md, "A decay of one half"). Test:
+adan,adam/b1=0.5`` (docs/performance-xla.md, "A decay of one half"). Test:
 ``tests/test_in_place.py`` (``test_a_decay_of_one_half_...``: no copy with
 it, the factored form's copy without it, the same numbers).
 """

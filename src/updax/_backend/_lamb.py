@@ -7,7 +7,7 @@ CPU, by running the leaves one after another (see :func:`_in_leaf_order`),
 and otherwise by recomputing ``u`` where that pays (see
 :func:`_run_adam_then_trust_ratio`). ``tests/test_fused.py`` checks both
 against the stage-by-stage computation, bit for bit on the leaf-order path.
-What it saves: docs/performance.md, "Fused execution paths" and "One leaf
+What it saves: docs/performance-xla.md, "Fused execution paths" and "One leaf
 after another" (``python benchmarks/run.py``'s ``lamb`` rows: step time,
 temporaries and compile time against the stage-by-stage path and optax's).
 With the hints off (:func:`updax.backend_hints`) no fused path is taken
@@ -81,7 +81,7 @@ def _in_leaf_order(stages, updates, states, params, extra):
     mask is resolved over the whole params first, then applied per leaf).
 
     What it saves (step and compile time against the stage-by-stage path
-    and optax's): docs/performance.md, "Fused execution paths" and "One
+    and optax's): docs/performance-xla.md, "Fused execution paths" and "One
     leaf after another" (``benchmarks/run.py``). Eagerly there is no
     schedule to order, and on other backends it is not measured, so those
     keep the path below.
@@ -159,7 +159,7 @@ def _run_adam_then_trust_ratio(stages, updates, states, params, extra):
     The recomputation has a cost of its own: XLA's reduction kernel writes its
     broadcast scalars out, once per distinct leaf shape. So it pays where many
     leaves share a shape, as the layers of a deep model do (the step times by
-    leaves per shape and leaf size: docs/performance.md, "Fused execution
+    leaves per shape and leaf size: docs/performance-xla.md, "Fused execution
     paths"). Leaves outside ``RECOMPUTE_MIN_SHARED`` /
     ``RECOMPUTE_MAX_SIZE`` keep the stored ``u``, and when none qualifies this
     is the ordinary path. Moments stored narrower than they are computed in

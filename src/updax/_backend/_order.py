@@ -8,7 +8,7 @@ the params' kernel), the kernel that writes the field's new value into the
 same buffer has to wait for the params' kernel. XLA's copy insertion does
 not see that order, so it copies the old state first: a full-size
 temporary, mapped afresh and faulted in on every step (for Lion on the
-benchmark's T, the larger part of its step time: docs/performance.md, "The
+benchmark's T, the larger part of its step time: docs/performance-xla.md, "The
 state in place"). optax's steps copy it.
 
 A stage names such fields (``stateful(..., state_last=("mu",))``). Traced
@@ -54,7 +54,7 @@ neither does a step traced with the hints off (:func:`updax.backend_hints`).
 
 What it saves, optimizer by optimizer and inside wrappers: ``python
 benchmarks/in_place.py`` (``benchmarks/results/in_place*.md``, summed up in
-docs/performance.md, "The state in place"). That it changes no number and
+docs/performance-xla.md, "The state in place"). That it changes no number and
 removes the copies: ``tests/test_in_place.py`` (bit for bit against the
 unordered step; the copies read from XLA's compiled program, with the
 unordered step's copies as the counter-case).

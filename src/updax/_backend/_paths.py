@@ -8,7 +8,7 @@ the hook with the generic path as its default, so its rule reads as the
 paper's, and these change no number (``tests/test_in_place.py`` checks each
 bit for bit against the generic path and reads the copies from XLA's
 compiled program; ``benchmarks/in_place.py`` measures them, summed up in
-docs/performance.md, "The state in place"). :mod:`updax._backend._variants`
+docs/performance-xla.md, "The state in place"). :mod:`updax._backend._variants`
 runs them in place of the stage's own apply function.
 
 - ``apply_if_finite``: around an elementwise pipeline, the finiteness check

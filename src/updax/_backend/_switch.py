@@ -39,7 +39,7 @@ def backend_hints(enabled: bool = True) -> Iterator[None]:
     """Switches the backend's hints on or off for the steps traced inside (the generic path is ``False``).
 
     updax steers XLA:CPU's schedule and buffer reuse where a rule would make
-    it copy the state on every step (see docs/performance.md, "The state
+    it copy the state on every step (see docs/performance-xla.md, "The state
     in place"). The hints change no number; off, each step is traced as the
     catalogue writes it and compiled as XLA schedules it, as on any other
     backend. The environment variable ``UPDAX_BACKEND_HINTS=0`` switches

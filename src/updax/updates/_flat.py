@@ -248,7 +248,7 @@ def flat_state(inner: Update, max_join_size: int = 2**15, max_shared: int | None
         (8,)
 
     References:
-        The kernel count behind it: docs/performance.md, "What XLA on a CPU allows".
+        The kernel count behind it: docs/performance-xla.md, "What XLA on a CPU allows".
     """
     _check_elementwise(inner)
     options = dict(inner=inner, max_join_size=max_join_size, max_shared=max_shared, min_joined=min_joined)
