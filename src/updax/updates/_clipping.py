@@ -30,9 +30,9 @@ def _apply_clip(updates, params, *, delta):
 
 @combinator
 def clip(delta: ScalarOrSchedule = 2.0) -> Update:
-    """Clips every element of the updates to ``[-delta, delta]``.
+    r"""Clips every element of the updates to ``[-delta, delta]``.
 
-    Update rule: ``u ← min(max(u, -delta), delta)``.
+    Update rule, with $\delta$ = ``delta``: $u \gets \min(\max(u, -\delta), \delta)$.
 
     Args:
         delta: the bound, >= 0. Default: ``2.0``.
@@ -55,7 +55,7 @@ def clip(delta: ScalarOrSchedule = 2.0) -> Update:
 
 
 def global_norm(updates: PyTree) -> jax.Array:
-    """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from ``|g|²``).
+    """The L2 norm of all leaves together, computed in at least float32; real for complex leaves (from $|g|^2$).
 
     The leaves are arrays or numbers (None leaves are empty subtrees); any
     other leaf is a TypeError naming its path, e.g.
@@ -95,10 +95,10 @@ def _apply_clip_by_global_norm(updates, params, *, max_norm):
 
 @combinator
 def clip_by_global_norm(max_norm: ScalarOrSchedule = 1.0) -> Update:
-    """Rescales the updates so that their global L2 norm is at most ``max_norm``.
+    r"""Rescales the updates so that their global L2 norm is at most ``max_norm``.
 
-    Update rule: ``u ← u`` if ``‖u‖ < max_norm``, else ``u ← u / ‖u‖ · max_norm``,
-    where ``‖u‖`` is the norm of all leaves together.
+    Update rule, with $c$ = ``max_norm``: $u \gets u$ if $\lVert u \rVert < c$, else
+    $u \gets u / \lVert u \rVert \cdot c$, where $\lVert u \rVert$ is the norm of all leaves together.
 
     Args:
         max_norm: the largest norm let through, > 0. Default: ``1.0``.
@@ -136,10 +136,10 @@ def _apply_centralize(updates, params):
 
 @combinator
 def centralize() -> Update:
-    """Subtracts from each leaf of rank >= 2 its mean over all axes but the first.
+    r"""Subtracts from each leaf of rank >= 2 its mean over all axes but the first.
 
-    Update rule: ``u ← u - mean(u, axes=1..n-1)`` for leaves with ``ndim > 1``;
-    vectors and scalars pass unchanged.
+    Update rule, for a leaf with $n > 1$ axes (``ndim``): $u \gets u - \operatorname{mean}_{1, \dots, n-1}(u)$,
+    the mean over all axes but axis 0 (broadcast along it); vectors and scalars pass unchanged.
 
     Returns:
         A stateless update object.
@@ -210,12 +210,18 @@ _AXIS = Valid(rule=_axes, text="must be None, an int or a non-empty tuple of dis
 @combinator
 def adaptive_grad_clip(clipping: ScalarOrSchedule, eps: ScalarOrSchedule = 1e-3,
                        axis: int | tuple[int, ...] | None = None) -> Update:
-    """Clips each unit's update to at most ``clipping`` times its parameters' norm (AGC).
+    r"""Clips each unit's update to at most ``clipping`` times its parameters' norm (AGC).
 
-    Update rule, per unit ``i`` (a slice of a leaf: one output unit's weights)::
+    Update rule, per unit $i$ (a slice of a leaf: one output unit's weights), with $\lambda$ = ``clipping``,
+    $\epsilon$ = ``eps``:
 
-        u_i ← u_i · clipping · max(‖p_i‖, eps) / ‖u_i‖   if ‖u_i‖ ≥ clipping · max(‖p_i‖, eps)
-        u_i ← u_i                                        otherwise
+    $$
+    u_i \gets \begin{cases}
+    u_i \cdot \lambda \max(\lVert p_i \rVert, \epsilon) / \lVert u_i \rVert
+    & \text{if } \lVert u_i \rVert \ge \lambda \max(\lVert p_i \rVert, \epsilon) \\
+    u_i & \text{otherwise}
+    \end{cases}
+    $$
 
     With ``axis`` None a unit is, as in the paper's code and optax: the
     whole leaf for scalars and vectors (leaves with at most one axis longer

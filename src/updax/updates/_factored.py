@@ -29,9 +29,9 @@ from updax.updates._kernels import abs_sq, moment, number, real_only, safe_sqrt
 class ScaleByFactoredRmsState(NamedTuple):
     """Adafactor's second moments and the steps taken.
 
-    For a factored leaf ``v_row`` is the EMA of ``g²`` averaged over the
+    For a factored leaf ``v_row`` is the EMA of $g^2$ (plus ``epsilon``) averaged over the
     leaf's largest axis and ``v_col`` over its second largest (optax's names
-    and layout); ``v`` is the full EMA of ``g²`` for a leaf that is not
+    and layout); ``v`` is the full EMA of $g^2$ for a leaf that is not
     factored. The fields a leaf does not use hold a one-element zero.
     """
 
@@ -129,27 +129,33 @@ def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate
 def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 0.8, step_offset: int = 0,
                           min_dim_size_to_factor: int = 128, epsilon: ScalarOrSchedule = 1e-30,
                           *, accumulator_dtype: DType = None) -> Update:
-    """Scales updates by Adafactor's factored estimate of their root mean square.
+    r"""Scales updates by Adafactor's factored estimate of their root mean square.
 
-    Update rule, with ``t = count - step_offset + 1`` and ``β = 1 - t^(-decay_rate)``.
+    Update rule, with $t$ = ``count - step_offset + 1`` (``count`` the steps taken before this one),
+    $\beta = 1 - t^{-\rho}$, $\rho$ = ``decay_rate``, $\epsilon$ = ``epsilon``.
     A leaf whose two largest axes both have at least ``min_dim_size_to_factor``
     elements keeps one statistic per row and one per column (largest axis
-    ``j``, second largest ``i``)::
+    $j$, second largest $i$):
 
-        s = g² + epsilon
-        r ← β·r + (1-β)·mean_j(s)            c ← β·c + (1-β)·mean_i(s)
-        u = g / sqrt(r / mean_i(r)) / sqrt(c)
+    $$
+    \begin{align*}
+    s &= g^2 + \epsilon \\
+    r &\gets \beta r + (1 - \beta) \operatorname{mean}_j(s) \\
+    c &\gets \beta c + (1 - \beta) \operatorname{mean}_i(s) \\
+    u &= \frac{g}{\sqrt{r / \operatorname{mean}_i(r)}\, \sqrt{c}}
+    \end{align*}
+    $$
 
-    Any other leaf keeps the full ``v ← β·v + (1-β)·s`` and ``u = g / sqrt(v)``.
+    Any other leaf keeps the full $v \gets \beta v + (1 - \beta)\, s$ and $u = g / \sqrt{v}$.
 
     Args:
         factored: factor the second moment of leaves large enough.
             Default: ``True``.
-        decay_rate: the exponent of the decay schedule ``β``, >= 0.
+        decay_rate: the exponent $\rho$ of the decay schedule $\beta$, >= 0.
             Default: ``0.8``.
         step_offset: subtracted from the step count, e.g. the step at which a
             fine-tuning run starts; an integer >= 0. The count must not be
-            below it (``β`` is undefined there, as in optax). Default: ``0``.
+            below it ($\beta$ is undefined there, as in optax). Default: ``0``.
         min_dim_size_to_factor: the size both of a leaf's two largest axes
             need to be factored, a positive integer. Default: ``128``.
         epsilon: added to the squared updates, >= 0. Default: ``1e-30``.
@@ -199,10 +205,10 @@ def _apply_scale_by_param_block_rms(updates, params, *, min_scale):
 
 @combinator
 def scale_by_param_block_rms(min_scale: ScalarOrSchedule = 1e-3) -> Update:
-    """Scales each leaf's update by the root mean square of its parameters (Adafactor's relative step).
+    r"""Scales each leaf's update by the root mean square of its parameters (Adafactor's relative step).
 
-    Update rule, per leaf: ``u ← u · max(rms(p), min_scale)``, with
-    ``rms(p) = sqrt(mean(p²))``.
+    Update rule, per leaf, with $s_\text{min}$ = ``min_scale``: $u \gets u \max(\operatorname{rms}(p), s_\text{min})$,
+    with $\operatorname{rms}(p) = \sqrt{\operatorname{mean}(|p|^2)}$.
 
     Args:
         min_scale: the smallest factor, >= 0; it keeps parameters at zero
@@ -242,10 +248,10 @@ def _apply_clip_by_block_rms(updates, params, *, threshold):
 
 @combinator
 def clip_by_block_rms(threshold: ScalarOrSchedule = 1.0) -> Update:
-    """Clips each leaf's update to a root mean square of at most ``threshold`` (Adafactor).
+    r"""Clips each leaf's update to a root mean square of at most ``threshold`` (Adafactor).
 
-    Update rule, per leaf: ``u ← u / max(1, rms(u) / threshold)``, with
-    ``rms(u) = sqrt(mean(u²))``.
+    Update rule, per leaf, with $\tau$ = ``threshold``: $u \gets u / \max(1, \operatorname{rms}(u) / \tau)$, with
+    $\operatorname{rms}(u) = \sqrt{\operatorname{mean}(|u|^2)}$.
 
     Args:
         threshold: the largest root mean square of a leaf, > 0. Default: ``1.0``.
@@ -328,14 +334,22 @@ def _apply_scale_by_sm3(updates, state, params, *, b1, b2, eps):
 @combinator
 def scale_by_sm3(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 1.0, eps: ScalarOrSchedule = 1e-8, *,
                  mu_dtype: DType = None, accumulator_dtype: DType = None) -> Update:
-    """Scales updates by SM3: an AdaGrad-like second moment stored as per-axis maxima.
+    r"""Scales updates by SM3: an AdaGrad-like second moment stored as per-axis maxima.
 
-    Update rule, for a leaf with axes ``1..k`` and one vector ``a_i`` per axis
-    (a leaf with fewer than two axes keeps a full ``a``)::
+    Update rule, for a leaf with axes $1, \dots, k$ and one vector $a_i$ per axis
+    (a leaf with fewer than two axes keeps a full $a$), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $\epsilon$ = ``eps``:
 
-        v = (1-b2)·g² + b2·min_i a_i     (b2 < 1;  b2 = 1: v = g² + min_i a_i)
-        m ← b1·m + (1-b1)·g / sqrt(v + eps)      (0 where v = 0)
-        a_i ← max of v over all axes but i;   u = m
+    $$
+    \begin{align*}
+    v &= (1 - b_2)\, g^2 + b_2 \min_i a_i \\
+    m &\gets b_1 m + (1 - b_1)\, g / \sqrt{v + \epsilon} \\
+    a_i &\gets \max_{\text{all axes but } i} v \\
+    u &= m
+    \end{align*}
+    $$
+
+    where $b_2 = 1$ sums instead, $v = g^2 + \min_i a_i$, and $g / \sqrt{v + \epsilon}$ is 0 where $v = 0$.
 
     Args:
         b1: decay of the momentum, in [0, 1). Default: ``0.9``.

@@ -53,15 +53,16 @@ def _apply_scale_by_trust_ratio(updates, params, *, min_norm, trust_coefficient,
 def scale_by_trust_ratio(min_norm: ScalarOrSchedule = 0.0, trust_coefficient: ScalarOrSchedule = 1.0,
                          eps: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None
                          ) -> Update:
-    """Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB).
+    r"""Scales each leaf's update by the ratio of the param norm to the update norm (LARS/LAMB).
 
-    Update rule, per leaf: ``u ← u · c·‖p‖ / (‖u‖ + eps)`` with both norms
+    Update rule, per leaf, with $c$ = ``trust_coefficient``, $\epsilon$ = ``eps``:
+    $u \gets u \cdot c \lVert p \rVert / (\lVert u \rVert + \epsilon)$ with both norms
     floored at ``min_norm``; the ratio is 1 when either norm is 0. Leaves
     ``mask`` leaves out pass through unscaled.
 
     Args:
         min_norm: floor of both norms, >= 0. Default: ``0.0``.
-        trust_coefficient: the factor ``c``. Default: ``1.0``.
+        trust_coefficient: the factor $c$. Default: ``1.0``.
         eps: added to the update norm, >= 0. Default: ``0.0``.
         mask: which leaves are scaled: a pytree of bools shaped like the
             params, or a function of the params returning one; None scales
@@ -132,16 +133,21 @@ def _is_zero(value) -> bool:
 def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, eps: ScalarOrSchedule = 1e-8,
                       eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
                       mu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment.
+    r"""Scales updates by NovoGrad: momentum of updates normalized by a layer-wise second moment.
 
-    Update rule, per leaf (layer) ``l``; on the first step ``v`` and ``m``
-    start from the step itself (``b1``, ``b2`` act as 0)::
+    Update rule, per leaf (layer) $l$, with $b_1$ = ``b1``, $b_2$ = ``b2``, $\epsilon$ = ``eps``,
+    $\epsilon_\text{root}$ = ``eps_root``, $d$ = ``decay``; on the first step $v$ and $m$
+    start from the step itself ($b_1$, $b_2$ act as 0):
 
-        v_l ← b2·v_l + (1-b2)·‖g_l‖²                      (a scalar per leaf)
-        m_l ← b1·m_l + g_l / (sqrt(v_l + eps_root) + eps) + decay·p_l
-        u_l = m_l
+    $$
+    \begin{align*}
+    v_l &\gets b_2 v_l + (1 - b_2) \lVert g_l \rVert^2 \\
+    m_l &\gets b_1 m_l + \frac{g_l}{\sqrt{v_l + \epsilon_\text{root}} + \epsilon} + d\, p_l \\
+    u_l &= m_l
+    \end{align*}
+    $$
 
-    (``decay·p_l`` on the leaves ``mask`` selects.)
+    ($v_l$ is a scalar per leaf; $d\, p_l$ on the leaves ``mask`` selects.)
 
     Args:
         b1: decay of the momentum, in [0, 1) (optax's default; the paper tunes
@@ -151,7 +157,7 @@ def scale_by_novograd(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.25, e
         eps: added to the denominator, >= 0 (``optax.scale_by_novograd``'s
             default; ``optax.novograd`` passes 1e-6). Default: ``1e-8``.
         eps_root: added inside the square root, >= 0. Default: ``0.0``.
-        decay: the decoupled weight-decay rate ``d``, any real number;
+        decay: the decoupled weight-decay rate $d$, any real number;
             when it is not 0, ``update`` needs ``params``. Default: ``0.0``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. ``nu`` holds one scalar per leaf, at least float32.

@@ -233,39 +233,47 @@ def scale_by_prodigy(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule
                      estim_lr0: float = 1e-6, estim_lr_coef: ScalarOrSchedule = 1.0, decay: ScalarOrSchedule = 0.0,
                      safeguard_warmup: bool = False, *,
                      mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly.
+    r"""Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly.
 
-    Update rule (t counts from 1, ``x₀`` the params ``init`` got, ``γ`` the
-    learning rate, ``d`` the distance estimate starting at ``estim_lr0``)::
+    Update rule, for step $t$ (counting from 1), with $x$ the params, $x_0$ the params ``init`` got,
+    $\gamma$ = ``learning_rate``, $d$ the distance estimate starting at $d_0$ = ``estim_lr0``,
+    $b_1$ = ``b1``, $b_2$ = ``b2``, $b_3$ = ``b3``, $\epsilon$ = ``eps``, $\kappa$ = ``estim_lr_coef``,
+    $\omega$ = ``decay``:
 
-        λ = d·γ·sqrt(1-b2^t)/(1-b1^t)
-        m ← b1·m + (1-b1)·d·g              v ← b2·v + (1-b2)·d²·g²
-        s ← b3·s + (d/d₀)·λ·g              r ← b3·r + (d/d₀)·λ·<g, x₀ - x>
-        d ← max(d, estim_lr_coef · r/‖s‖₁)
-        u = λ·(m / (sqrt(v) + d·eps) + decay·x)       (decay on the leaves mask selects)
+    $$
+    \begin{align*}
+    \lambda &= d \gamma \sqrt{1 - b_2^t} / (1 - b_1^t) \\
+    m &\gets b_1 m + (1 - b_1)\, d g \\
+    v &\gets b_2 v + (1 - b_2)\, d^2 g^2 \\
+    s &\gets b_3 s + (d / d_0)\, \lambda g \\
+    r &\gets b_3 r + (d / d_0)\, \lambda \langle g, x_0 - x \rangle \\
+    d &\gets \max(d, \kappa r / \lVert s \rVert_1) \\
+    u &= \lambda \bigl(m / (\sqrt{v} + d \epsilon) + \omega x\bigr)
+    \end{align*}
+    $$
 
-    The emitted ``u`` is the step's size, so the descent step is ``-u``
-    (:func:`updax.optimizers.prodigy` ends in ``scale(-1.0)``). As in the
-    authors' implementation (and optax), ``λ`` carries Adam's bias
-    correction and the step's ``eps`` term the new ``d``; with
-    ``safeguard_warmup`` the sum ``s`` takes ``(d/d₀)·d·g`` (no ``γ``). While
-    ``‖s‖₁`` is 0 (zero updates so far) ``d`` stays as it is, where optax
+    (the decay term $\omega x$ on the leaves ``mask`` selects). The emitted $u$ is the step's size, so the
+    descent step is $-u$ (:func:`updax.optimizers.prodigy` ends in ``scale(-1.0)``). As in the
+    authors' implementation (and optax), $\lambda$ carries Adam's bias
+    correction and the step's $\epsilon$ term the new $d$; with
+    ``safeguard_warmup`` the sum $s$ takes $(d / d_0)\, d g$ (no $\gamma$). While
+    $\lVert s \rVert_1$ is 0 (zero updates so far) $d$ stays as it is, where optax
     divides 0 by 0.
 
     Args:
-        learning_rate: the schedule ``γ``, a multiplier of the estimated
+        learning_rate: the schedule $\gamma$, a multiplier of the estimated
             step, >= 0; best 1 at its peak. Default: ``1.0``.
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
         b2: decay of the second moment, in [0, 1). Default: ``0.999``.
-        b3: decay of ``s`` and ``r``, None for ``sqrt(b2)``, or in [0, 1).
+        b3: decay of $s$ and $r$, None for $\sqrt{b_2}$, or in [0, 1).
             Default: ``None``.
-        eps: added to the denominator (times ``d``), >= 0. Default: ``1e-08``.
-        estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
+        eps: added to the denominator (times $d$), >= 0. Default: ``1e-08``.
+        estim_lr0: the initial (under-)estimate $d_0$ of the distance, > 0.
             Default: ``1e-06``.
         estim_lr_coef: multiplies each new estimate, >= 0. Default: ``1.0``.
-        decay: decoupled weight decay (scaled by ``λ``), >= 0; the number 0
+        decay: decoupled weight decay (scaled by $\lambda$), >= 0; the number 0
             adds no term to the step. Default: ``0.0``.
-        safeguard_warmup: leave ``γ`` out of ``s``, for schedules that warm
+        safeguard_warmup: leave $\gamma$ out of $s$, for schedules that warm
             up from 0. Default: ``False``.
         mask: which leaves decay: a pytree of bools shaped like the params
             (or a prefix of it), or a function of the params returning one;
@@ -362,34 +370,41 @@ def scale_by_dadapt_adamw(learning_rate: ScalarOrSchedule = 1.0, b1: ScalarOrSch
                           b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8, estim_lr0: float = 1e-6,
                           decay: ScalarOrSchedule = 0.0, *,
                           mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Scales updates by D-Adaptation's AdamW step, the distance to the solution estimated on the fly.
+    r"""Scales updates by D-Adaptation's AdamW step, the distance to the solution estimated on the fly.
 
-    Update rule (t counts from 1, ``γ`` the learning rate, ``d`` the
-    distance estimate starting at ``estim_lr0``, ``β = sqrt(b2)``)::
+    Update rule, for step $t$ (counting from 1), with $x$ the params, $\gamma$ = ``learning_rate``, $d$ the
+    distance estimate starting at $d_0$ = ``estim_lr0``, $b_1$ = ``b1``, $b_2$ = ``b2``, $\beta = \sqrt{b_2}$,
+    $\epsilon$ = ``eps``, $\omega$ = ``decay``:
 
-        λ = d·γ·sqrt(1-b2^t)/(1-b1^t)
-        r ← β·r + (1-β)·λ·<g, s/(sqrt(v) + eps)>      (the old s and v)
-        m ← b1·m + (1-b1)·λ·g              v ← b2·v + (1-b2)·g²
-        s ← β·s + (1-β)·λ·g
-        d ← max(d, r / ((1-β)·‖s‖₁))
-        u = m / (sqrt(v) + eps) + decay·λ·x          (decay on the leaves mask selects)
+    $$
+    \begin{align*}
+    \lambda &= d \gamma \sqrt{1 - b_2^t} / (1 - b_1^t) \\
+    r &\gets \beta r + (1 - \beta)\, \lambda \langle g, s / (\sqrt{v} + \epsilon) \rangle \\
+    m &\gets b_1 m + (1 - b_1)\, \lambda g \\
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    s &\gets \beta s + (1 - \beta)\, \lambda g \\
+    d &\gets \max\bigl(d, r / ((1 - \beta) \lVert s \rVert_1)\bigr) \\
+    u &= m / (\sqrt{v} + \epsilon) + \omega \lambda x
+    \end{align*}
+    $$
 
-    The emitted ``u`` is the step itself, ``γ`` included (each step's ``λ``
-    weighs its update into ``m``), so the descent step is ``-u``
+    ($r$ reads the old $s$ and $v$; the decay term $\omega \lambda x$ on the leaves ``mask`` selects.)
+    The emitted $u$ is the step itself, $\gamma$ included (each step's $\lambda$
+    weighs its update into $m$), so the descent step is $-u$
     (:func:`updax.optimizers.dadapt_adamw` ends in ``scale(-1.0)``). As in
-    the authors' implementation (and optax), ``λ`` carries Adam's bias
-    correction. While ``‖s‖₁`` is 0, ``d`` stays as it is, where optax
+    the authors' implementation (and optax), $\lambda$ carries Adam's bias
+    correction. While $\lVert s \rVert_1$ is 0, $d$ stays as it is, where optax
     divides 0 by 0.
 
     Args:
-        learning_rate: the schedule ``γ``, a multiplier of the estimated
+        learning_rate: the schedule $\gamma$, a multiplier of the estimated
             step, >= 0; best 1 at its peak. Default: ``1.0``.
         b1: decay of the first moment, in [0, 1). Default: ``0.9``.
         b2: decay of the second moment, in [0, 1). Default: ``0.999``.
         eps: added to the denominator, >= 0. Default: ``1e-08``.
-        estim_lr0: the initial (under-)estimate ``d₀`` of the distance, > 0.
+        estim_lr0: the initial (under-)estimate $d_0$ of the distance, > 0.
             Default: ``1e-06``.
-        decay: decoupled weight decay (scaled by ``λ``), >= 0; the number 0
+        decay: decoupled weight decay (scaled by $\lambda$), >= 0; the number 0
             adds no term (an infinite param then leaves the update finite).
             Default: ``0.0``.
         mask: which leaves decay: a pytree of bools shaped like the params
@@ -451,18 +466,23 @@ def _apply_scale_by_dog(updates, state, params, *, init_step, init_step_type, ep
 
 @combinator
 def scale_by_dog(init_step: float = 1e-6, init_step_type: str = "heuristic", eps: ScalarOrSchedule = 1e-8) -> Update:
-    """Scales updates by DoG's step: the distance travelled over the root of the summed squared norms.
+    r"""Scales updates by DoG's step: the distance travelled over the root of the summed squared norms.
 
-    Update rule (``x₀`` the params ``init`` got)::
+    Update rule, with $x$ the params, $x_0$ the params ``init`` got, $\epsilon$ = ``eps``:
 
-        r̄ ← max(r̄, ‖x - x₀‖)        G ← G + ‖g‖²
-        u = r̄ / sqrt(G + eps) · g
+    $$
+    \begin{align*}
+    \bar r &\gets \max(\bar r, \lVert x - x_0 \rVert) \\
+    G &\gets G + \lVert g \rVert^2 \\
+    u &= \bar r / \sqrt{G + \epsilon} \cdot g
+    \end{align*}
+    $$
 
-    ``r̄`` starts at ``r_ε``: with ``init_step_type="heuristic"``
-    ``r_ε = init_step·(1 + ‖x₀‖)`` (the paper's suggestion, with
+    $\bar r$ starts at $r_\epsilon$, with $\alpha$ = ``init_step``: with ``init_step_type="heuristic"``
+    $r_\epsilon = \alpha (1 + \lVert x_0 \rVert)$ (the paper's suggestion, with
     ``init_step`` 1e-6, or 1e-4 with batch normalization); with
-    ``"distance"`` ``r_ε = init_step``; with ``"learning_rate"`` the first
-    step is ``init_step·g`` and ``r_ε = 0``. The norms are global, over all
+    ``"distance"`` $r_\epsilon = \alpha$; with ``"learning_rate"`` the first
+    step is $\alpha g$ and $r_\epsilon = 0$. The norms are global, over all
     leaves. The authors recommend averaging the iterates (e.g.
     :func:`updax.ema_params`).
 
@@ -470,7 +490,7 @@ def scale_by_dog(init_step: float = 1e-6, init_step_type: str = "heuristic", eps
         init_step: the initial step's value, > 0 (see above). Default: ``1e-06``.
         init_step_type: ``"heuristic"``, ``"distance"`` or ``"learning_rate"``.
             Default: ``'heuristic'``.
-        eps: added to ``G``, >= 0. Default: ``1e-08``.
+        eps: added to $G$, >= 0. Default: ``1e-08``.
 
     Returns:
         An update object with state ``ScaleByDogState(init_params, max_dist,
@@ -515,14 +535,19 @@ def _apply_scale_by_dowg(updates, state, params, *, eps):
 
 @combinator
 def scale_by_dowg(init_estim_sq_dist: float | None = None, eps: ScalarOrSchedule = 1e-4) -> Update:
-    """Scales updates by DoWG's step: the squared distance travelled over the weighted norms' root.
+    r"""Scales updates by DoWG's step: the squared distance travelled over the weighted norms' root.
 
-    Update rule (``x₀`` the params ``init`` got)::
+    Update rule, with $x$ the params, $x_0$ the params ``init`` got, $\epsilon$ = ``eps``:
 
-        r̄² ← max(r̄², ‖x - x₀‖²)        v ← v + r̄²·‖g‖²
-        u = r̄² / (sqrt(v) + eps) · g
+    $$
+    \begin{align*}
+    \bar r^2 &\gets \max(\bar r^2, \lVert x - x_0 \rVert^2) \\
+    v &\gets v + \bar r^2 \lVert g \rVert^2 \\
+    u &= \bar r^2 / (\sqrt{v} + \epsilon) \cdot g
+    \end{align*}
+    $$
 
-    ``r̄²`` starts at ``init_estim_sq_dist`` (``eps`` when None). The norms
+    $\bar r^2$ starts at ``init_estim_sq_dist`` ($\epsilon$ when None). The norms
     are global, over all leaves.
 
     Args:
@@ -597,23 +622,29 @@ def cocob_step(updates, state, params, alpha, rewarded=list):
 
 @combinator
 def scale_by_cocob(alpha: ScalarOrSchedule = 100.0, eps: float = 1e-8) -> Update:
-    """Replaces updates by COCOB-Backprop's step: coordinate-wise coin betting from the starting point.
+    r"""Replaces updates by COCOB-Backprop's step: coordinate-wise coin betting from the starting point.
 
-    Update rule, per coordinate (``x₀`` the params ``init`` got)::
+    Update rule, per coordinate, with $x$ the params, $x_0$ the params ``init`` got, $\alpha$ = ``alpha``:
 
-        L ← max(L, |g|)        G ← G + |g|        θ ← θ + g
-        R ← max(R - g·(x - x₀), 0)
-        x' = x₀ - θ / (L·max(G + L, alpha·L)) · (L + R)
-        u = x' - x
+    $$
+    \begin{align*}
+    L &\gets \max(L, |g|) \\
+    G &\gets G + |g| \\
+    \theta &\gets \theta + g \\
+    R &\gets \max\bigl(R - g (x - x_0), 0\bigr) \\
+    x' &= x_0 - \frac{\theta}{L \max(G + L, \alpha L)} (L + R) \\
+    u &= x' - x
+    \end{align*}
+    $$
 
-    The emitted ``u`` is the step itself (descent included): it ends a
+    The emitted $u$ is the step itself (descent included): it ends a
     pipeline (:func:`updax.optimizers.cocob` scales the gradients before
-    it). ``L`` starts at ``eps`` rather than the paper's 0, so that a zero
+    it). $L$ starts at ``eps`` rather than the paper's 0, so that a zero
     first update divides nothing by 0 (as optax).
 
     Args:
-        alpha: bounds the bet by ``1/(alpha·L)`` early on, > 0. Default: ``100.0``.
-        eps: the initial ``L``, > 0. Default: ``1e-08``.
+        alpha: bounds the bet by $1 / (\alpha L)$ early on, > 0. Default: ``100.0``.
+        eps: the initial $L$, > 0. Default: ``1e-08``.
 
     Returns:
         An update object with state ``ScaleByCocobState(init_params,
@@ -661,17 +692,20 @@ def _apply_scale_by_polyak(updates, params, *, f_min, max_learning_rate, eps, va
 @combinator
 def scale_by_polyak(f_min: ScalarOrSchedule = 0.0, max_learning_rate: ScalarOrSchedule = 1.0,
                     eps: ScalarOrSchedule = 0.0, variant: str = "sps") -> Update:
-    """Scales updates by Polyak's step size, from the loss and its lower bound.
+    r"""Scales updates by Polyak's step size, from the loss and its lower bound.
 
     Pass the loss to every call: ``opt.update(grads, state, params,
     loss=loss)`` (optax's keyword is ``value=``), a real scalar (a loss per
     example is refused: it would give each coordinate a step of its own).
-    Update rule, with ``f`` the loss and the norm global over all leaves::
+    Update rule, with $f$ the loss, $f_\text{min}$ = ``f_min``, $\eta_\text{max}$ = ``max_learning_rate``,
+    $\epsilon$ = ``eps``, and the norm global over all leaves:
 
-        u = min((f - f_min) / (‖g‖² + eps), max_learning_rate) · g
+    $$
+    u = \min\Bigl(\frac{f - f_\text{min}}{\lVert g \rVert^2 + \epsilon}, \eta_\text{max}\Bigr) \cdot g
+    $$
 
-    With ``variant="sps+"`` the gap ``f - f_min`` is floored at 0 (Garrigos
-    et al. 2023). Where ``‖g‖² + eps`` is 0 the step is 0.
+    With ``variant="sps+"`` the gap $f - f_\text{min}$ is floored at 0 (Garrigos
+    et al. 2023). Where $\lVert g \rVert^2 + \epsilon$ is 0 the step is 0.
 
     Args:
         f_min: a lower bound of the loss (0 for models that interpolate the
@@ -758,27 +792,38 @@ _NUM_BETAS = Integer(1, 16, why=" (the decays 1 - 10^-i round to 1 beyond i = 16
 @combinator(wraps=True)
 def mechanize(inner: Update, decay: ScalarOrSchedule = 1e-2, eps: ScalarOrSchedule = 1e-8, s_init: float = 1e-6,
               num_betas: int = 6) -> Update:
-    """Learns the scale of the steps of the pipeline before it (Mechanic), from the params' origin.
+    r"""Learns the scale of the steps of the pipeline before it (Mechanic), from the params' origin.
 
     The wrapped pipeline (with its learning rate at 1, or a schedule peaking
-    at 1) proposes steps whose sum is ``Δ``; the params are ``x = x₀ + S·Δ``
-    with ``S = Σ s``, and each scale ``s`` (one per decay ``β_i = 1 - 10^-i``)
-    is learned by coin betting on ``h = <g̃, Δ>``, with
-    ``g̃ = g + decay·S·‖g‖/(‖x‖ + eps)·x``::
+    at 1) proposes steps $w$ whose sum is $\Delta$; the params are $x = x_0 + S \Delta$
+    with $S = \sum_i s_i$, and each scale $s_i$ (one per decay $\beta_i = 1 - 10^{-i}$, $i = 1, \dots, n$)
+    is learned by coin betting on the correlation $h$. With $\lambda$ = ``decay``, $\epsilon$ = ``eps``,
+    $s_\text{init}$ = ``s_init``, $n$ = ``num_betas``, and $\beta$, $m$, $v$, $r$, $s$ vectors over $i$
+    (elementwise):
 
-        m ← max(β·m, |h| + eps)        v ← β²·v + h²
-        r ← β·r + clip(h, -m_old, m_old)·s
-        s = (s_init/n·m + max(r, 0)) / (sqrt(v) + eps)
+    $$
+    \begin{align*}
+    \tilde g &= g + \lambda S \lVert g \rVert / (\lVert x \rVert + \epsilon) \cdot x \\
+    h &= \langle \tilde g, x_0 - x \rangle / (S + \epsilon) \\
+    m &\gets \max(\beta m, |h| + \epsilon) \\
+    v &\gets \beta^2 v + h^2 \\
+    r &\gets \beta r + \operatorname{clip}(h, -m_\text{old}, m_\text{old})\, s \\
+    s &\gets \bigl(s_\text{init} m / n + \max(r, 0)\bigr) / (\sqrt{v} + \epsilon) \\
+    u &= x_0 + S' \bigl((x - x_0) / (S + \epsilon) + w\bigr) - x, \qquad S' = \sum_i s_i
+    \end{align*}
+    $$
 
-    The params of the first step are the origin ``x₀``. As optax, the
-    correlation is clipped to the last ``m`` (the authors' later addition).
+    where $(x - x_0) / (S + \epsilon)$ is, up to $\epsilon$, the sum $\Delta$ of the earlier steps: $h$ is
+    $-\langle \tilde g, \Delta \rangle$, and the params after the step are $x_0 + S' \Delta$ with the new scales'
+    sum $S'$ and this step's $w$ added to $\Delta$. The params of the first step are the origin $x_0$. As
+    optax, the correlation is clipped to the last $m$ (the authors' later addition).
 
     Args:
-        decay: the weight decay of ``g̃`` (not the wrapped pipeline's), >= 0.
+        decay: the weight decay of $\tilde g$ (not the wrapped pipeline's), >= 0.
             Default: ``0.01``.
         eps: added to denominators, > 0. Default: ``1e-08``.
         s_init: the initial total scale, > 0. Default: ``1e-06``.
-        num_betas: the number ``n`` of decays, an integer in [1, 16] (beyond
+        num_betas: the number $n$ of decays, an integer in [1, 16] (beyond
             16 the decays are 1 in float64). Default: ``6``.
 
     Returns:

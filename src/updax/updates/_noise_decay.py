@@ -36,15 +36,15 @@ def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
 @combinator
 def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None
                         ) -> Update:
-    """Adds ``decay`` times the parameters to the updates (decoupled weight decay).
+    r"""Adds ``decay`` times the parameters to the updates (decoupled weight decay).
 
-    Update rule: ``u ← u + decay·p`` on the leaves ``mask`` selects; the
+    Update rule, with $\lambda$ = ``decay``: $u \gets u + \lambda p$ on the leaves ``mask`` selects; the
     others pass through unchanged. Keeping biases and normalisation scales
     out of the decay is the usual use. A decay of the number 0 (the default
     of the optimizers that take one) passes every update through as it is,
     without an operation: no pass over the params, and an infinite param
-    does not turn its update into NaN (``0·inf``). A decay of 0 given as a
-    traced value or a schedule computes ``u + 0·p``.
+    does not turn its update into NaN ($0 \cdot \infty$). A decay of 0 given as a
+    traced value or a schedule computes $u + 0 \cdot p$.
 
     Args:
         decay: the weight-decay rate, any real number. Default: ``0.0``.
@@ -144,12 +144,15 @@ _KEY = Valid(rule=_key_option, text="must be an int seed in [0, 2**32), a PRNG k
 
 @combinator
 def add_noise(eta: ScalarOrSchedule = 0.01, gamma: ScalarOrSchedule = 0.55, key: int | jax.Array = 0) -> Update:
-    """Adds annealed Gaussian noise to the updates.
+    r"""Adds annealed Gaussian noise to the updates.
 
     Update rule, as in the paper (Polaris uses the variance as the standard
-    deviation and seeds from the clock)::
+    deviation and seeds from the clock), with $\eta$ = ``eta``, $\gamma$ = ``gamma`` and $t = 0, 1, \dots$ the
+    steps taken before this one:
 
-        u ← u + N(0, σt²),   σt² = eta / (1 + t)^gamma,  t = 0, 1, ...
+    $$
+    u \gets u + \mathcal{N}(0, \sigma_t^2), \qquad \sigma_t^2 = \eta / (1 + t)^\gamma
+    $$
 
     Each leaf draws from the key of its position in the whole tree, None
     leaves counted, so inside :func:`partition` or :func:`masked` (which

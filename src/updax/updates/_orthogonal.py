@@ -101,23 +101,28 @@ def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, 
 def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
                            eps: ScalarOrSchedule = 1e-8, *,
                            weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
+    r"""Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
 
-    Update rule, for each matrix ``u`` (a leaf with two axes, or each matrix
+    Update rule, for each matrix $u$ (a leaf with two axes, or each matrix
     of a leaf that ``weight_dimension_numbers`` makes a batch of them; other
-    leaves pass unchanged), with ``(a, b, c) = ns_coeffs``; a matrix with
-    more rows than columns is transposed first and back after, as the
-    iteration commutes with transposition::
+    leaves pass unchanged), with $(a, b, c)$ = ``ns_coeffs``, $\epsilon$ = ``eps``, $N$ = ``ns_steps``;
+    a matrix with more rows than columns is transposed first and back after, as the
+    iteration commutes with transposition:
 
-        X ← u / (‖u‖_F + eps)
-        X ← a·X + (b·XXᵀ + c·(XXᵀ)²)·X      (ns_steps times);   u = X
+    $$
+    \begin{align*}
+    X &\gets u / (\lVert u \rVert_F + \epsilon) \\
+    X &\gets a X + \bigl(b\, X X^\top + c\, (X X^\top)^2\bigr) X \qquad (N \text{ times}) \\
+    u &= X
+    \end{align*}
+    $$
 
-    The default coefficients do not converge to the polar factor ``UVᵀ`` of
-    ``u = USVᵀ``: they push every singular value into roughly [0.7, 1.2] in
+    The default coefficients do not converge to the polar factor $U V^\top$ of
+    $u = U S V^\top$: they push every singular value into roughly [0.7, 1.2] in
     few steps, which is what Muon needs.
 
     Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``, three finite
+        ns_coeffs: the quintic's coefficients $(a, b, c)$, three finite
             real numbers. Default: ``(3.4445, -4.7750, 2.0315)``.
         ns_steps: the number of iterations, an integer in [1, 100] (each is
             unrolled into the compiled step). Default: ``5``.
@@ -200,24 +205,29 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
                   beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, nesterov: bool = True, *,
                   mu_dtype: DType = None, adaptive: bool = False,
                   weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
+    r"""Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
 
-    Update rule (t counts from 1), then :func:`scale_by_newton_schulz` on
+    Update rule, for step $t$ (counting from 1), with $\beta$ = ``beta``, then
+    :func:`scale_by_newton_schulz` ($\operatorname{NewtonSchulz}$) on
     each matrix (a leaf with two axes, or each matrix of a leaf that
     ``weight_dimension_numbers`` makes a batch of them); other leaves get the
-    momentum alone::
+    momentum $\hat m$ alone:
 
-        m ← beta·m + (1-beta)·g
-        m̂ = beta·m/(1-beta^(t+1)) + (1-beta)·g/(1-beta^t)    (nesterov=True)
-        m̂ = m/(1-beta^t)                                      (nesterov=False)
-        u = NewtonSchulz(m̂)
-        u = ⟨m̂, u⟩·u                                          (adaptive=True)
+    $$
+    \begin{align*}
+    m &\gets \beta m + (1 - \beta)\, g \\
+    \hat m &= \beta m / (1 - \beta^{t+1}) + (1 - \beta)\, g / (1 - \beta^t) \\
+    u &= \operatorname{NewtonSchulz}(\hat m)
+    \end{align*}
+    $$
 
-    With ``adaptive=True`` each orthogonalised matrix is scaled by
-    ``⟨m̂, u⟩ = trace(m̂ᵀu)``, about the nuclear norm of ``m̂`` (the dual of
-    the spectral norm): the steepest-descent step of Bernstein & Newhouse,
+    This $\hat m$ is ``nesterov=True``'s; ``nesterov=False`` takes $\hat m = m / (1 - \beta^t)$.
+
+    With ``adaptive=True``, $u \gets \langle \hat m, u \rangle\, u$ then: each orthogonalised matrix is scaled by
+    $\langle \hat m, u \rangle = \operatorname{trace}(\hat m^\top u)$, about the nuclear norm of $\hat m$ (the
+    dual of the spectral norm): the steepest-descent step of Bernstein & Newhouse,
     as optax's ``adaptive=True``. Each matrix of a batch gets its own
-    ``⟨m̂, u⟩``, as a leaf of its own would; optax 0.2.8 takes one sum over
+    $\langle \hat m, u \rangle$, as a leaf of its own would; optax 0.2.8 takes one sum over
     the whole leaf, batch axes included, so that stacking layers changes
     their steps (they agree on leaves with two axes).
 
@@ -231,7 +241,7 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
         nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
-        adaptive: scale each orthogonalised matrix by ``⟨m̂, u⟩``; it prints
+        adaptive: scale each orthogonalised matrix by $\langle \hat m, u \rangle$; it prints
             only when True. Default: ``False``.
         weight_dimension_numbers: which leaves are matrices and which of
             their axes, as in :func:`scale_by_newton_schulz`: a pytree of
@@ -288,12 +298,12 @@ def _apply_scale_by_shape(updates, params, *, weight_dimension_numbers=None):
 
 @combinator
 def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
+    r"""Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
 
-    Update rule: ``u ← u·sqrt(max(1, n/m))`` for a 2-D leaf of shape
-    ``(m, n)`` (input dimension first); other leaves pass unchanged. With
-    ``weight_dimension_numbers``, ``m`` is the size of a leaf's reduction
-    axes and ``n`` of its output axes (one factor for the whole batch).
+    Update rule: $u \gets u \sqrt{\max(1, n / m)}$ for a 2-D leaf of shape
+    $(m, n)$ (input dimension first); other leaves pass unchanged. With
+    ``weight_dimension_numbers``, $m$ is the size of a leaf's reduction
+    axes and $n$ of its output axes (one factor for the whole batch).
 
     Args:
         weight_dimension_numbers: which leaves are matrices and which of

@@ -90,13 +90,15 @@ def _apply_per_example_global_norm_clip(updates, params, *, l2_norm_clip):
 
 @combinator
 def per_example_global_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0) -> Update:
-    """Clips each example's gradient to a global L2 norm of ``l2_norm_clip``, then sums over the examples.
+    r"""Clips each example's gradient to a global L2 norm of ``l2_norm_clip``, then sums over the examples.
 
-    Update rule, for updates ``g_1 .. g_B`` with a leading axis of ``B`` examples::
+    Update rule, for updates $g_1, \dots, g_B$ with a leading axis of $B$ examples, with $C$ = ``l2_norm_clip``:
 
-        u ← Σ_i g_i · min(1, l2_norm_clip / ‖g_i‖)
+    $$
+    u \gets \sum_i g_i \min(1, C / \lVert g_i \rVert)
+    $$
 
-    where ``‖g_i‖`` is the norm of example ``i`` over all leaves together.
+    where $\lVert g_i \rVert$ is the norm of example $i$ over all leaves together.
     The updates it gets are per-example, e.g.
     ``jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, batch)``; what it
     returns is shaped like the params. It comes first in a pipeline (stages
@@ -166,14 +168,17 @@ def _apply_private_aggregate(updates, state, params, *, l2_norm_clip, noise_mult
 @combinator
 def differentially_private_aggregate(l2_norm_clip: ScalarOrSchedule = 1.0, noise_multiplier: ScalarOrSchedule = 1.0,
                                      key: int | jax.Array = 0) -> Update:
-    """DP-SGD's aggregation: per-example clipping, a sum, Gaussian noise, and the mean over the batch.
+    r"""DP-SGD's aggregation: per-example clipping, a sum, Gaussian noise, and the mean over the batch.
 
-    Update rule (Abadi et al., Algorithm 1), for updates ``g_1 .. g_B`` with
-    a leading axis of ``B`` examples, as ``optax.contrib.differentially_private_aggregate``::
+    Update rule (Abadi et al., Algorithm 1), for updates $g_1, \dots, g_B$ with
+    a leading axis of $B$ examples, as ``optax.contrib.differentially_private_aggregate``, with
+    $C$ = ``l2_norm_clip`` and $\sigma$ = ``noise_multiplier``:
 
-        u ← (Σ_i g_i · min(1, C / ‖g_i‖) + N(0, σ²C²·I)) / B,   C = l2_norm_clip,  σ = noise_multiplier
+    $$
+    u \gets \Bigl(\sum_i g_i \min(1, C / \lVert g_i \rVert) + \mathcal{N}(0, \sigma^2 C^2 I)\Bigr) / B
+    $$
 
-    where ``‖g_i‖`` is the norm of example ``i`` over all leaves together.
+    where $\lVert g_i \rVert$ is the norm of example $i$ over all leaves together.
     The updates it gets are per-example, e.g.
     ``jax.vmap(jax.grad(loss), in_axes=(None, 0))(params, batch)``; what it
     returns is shaped like the params. It comes first in a pipeline and is
@@ -182,7 +187,7 @@ def differentially_private_aggregate(l2_norm_clip: ScalarOrSchedule = 1.0, noise
     from an explicit key, so the same key gives the same noise; with the
     same key, the numbers are optax's. Complex updates are refused: the
     analysis's noise is per real coordinate, and a complex draw would give
-    each part ``1/√2`` of it.
+    each part $1/\sqrt{2}$ of it.
 
     Args:
         l2_norm_clip: the largest global norm an example keeps, >= 0.

@@ -53,12 +53,12 @@ def _apply_scale(updates, params, *, step_size):
 
 @combinator
 def scale(step_size: ScalarOrSchedule) -> Update:
-    """Multiplies updates by a fixed step size.
+    r"""Multiplies updates by a fixed step size.
 
-    Update rule: ``u ← α·u``.
+    Update rule: $u \gets \alpha u$.
 
     Args:
-        step_size: the factor ``α``, any real number (a negative learning
+        step_size: the factor $\alpha$, any real number (a negative learning
             rate turns a direction into a descent step). No default.
 
     Returns:
@@ -90,15 +90,15 @@ def _apply_scale_by_state(updates, state, params):
 
 @combinator
 def scale_by_state(step_size: ScalarOrSchedule) -> Update:
-    """Multiplies updates by a step size held in state (Axon's tunable learning rate).
+    r"""Multiplies updates by a step size held in state (Axon's tunable learning rate).
 
-    Update rule: ``u ← α·u`` with ``α = state.step_size``. Outside code reads
+    Update rule: $u \gets \alpha u$ with $\alpha$ = ``state.step_size``. Outside code reads
     and replaces it between steps, e.g.
     ``opt.replace_state(state, "scale_by_state.step_size", 1e-4)``, with no
     recompilation of a jitted step.
 
     Args:
-        step_size: the initial ``α``, any real number. No default.
+        step_size: the initial $\alpha$, any real number. No default.
 
     Returns:
         An update object with state ``ScaleByStateState(step_size)`` (float32).
@@ -131,9 +131,9 @@ def _apply_scale_by_schedule(updates, state, params, *, schedule_fn):
 
 @combinator
 def scale_by_schedule(schedule_fn: ScheduleLike) -> Update:
-    """Multiplies updates by ``schedule_fn(count)``.
+    r"""Multiplies updates by ``schedule_fn(count)``.
 
-    Update rule: ``u ← η(t)·u``, with ``t = 0`` on the first call.
+    Update rule, with $\eta$ = ``schedule_fn``: $u \gets \eta(t)\, u$, with $t = 0$ on the first call.
 
     Args:
         schedule_fn: a jittable function ``count -> step size``. No default.
@@ -173,24 +173,24 @@ def _apply_scale_by_learning_rate(updates, params, *, learning_rate):
 
 @combinator
 def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
-    """Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
+    r"""Turns a direction into a descent step: multiplies updates by ``-learning_rate``.
 
-    Update rule: ``u ← -η·u``, where ``η`` is a number or a schedule
-    ``count -> η``. With a schedule, the value used on the last step is
+    Update rule: $u \gets -\eta u$, where $\eta$ = ``learning_rate`` is a number or a schedule
+    $\text{count} \mapsto \eta$. With a schedule, the value used on the last step is
     readable as ``opt.get_state(state, "scale_by_learning_rate.learning_rate")``
     (with a number, the same call returns the number).
 
     The learning rate is positive and this stage gives the step its sign, as
-    every optimizer does: a negative ``η`` (a sign error that would train
+    every optimizer does: a negative $\eta$ (a sign error that would train
     uphill) is refused, as PyTorch refuses it; the optimizers take
     ``maximize=True`` for gradient ascent. Axon's ``scale(step_size)`` takes
     the signed step instead: ``scale(-lr)``.
 
     Args:
-        learning_rate: ``η``, a number >= 0 or a schedule of them. No default.
+        learning_rate: $\eta$, a number >= 0 or a schedule of them. No default.
 
     Returns:
-        A stateless update object (with a ``ScheduledState`` when ``η`` is a
+        A stateless update object (with a ``ScheduledState`` when $\eta$ is a
         schedule).
 
     Example:
@@ -248,16 +248,16 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
 def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: ScalarOrSchedule = 1e-4,
                       atol: ScalarOrSchedule = 0.0, cooldown: int = 0, accumulation_size: int = 1,
                       min_scale: ScalarOrSchedule = 0.0) -> Update:
-    """Multiplies updates by a factor that drops when the reported loss stops improving.
+    r"""Multiplies updates by a factor that drops when the reported loss stops improving.
 
     Pass the loss to every call: ``opt.update(grads, state, params, loss=loss)``
     (stages that take no extra keywords ignore it). The loss is averaged over
     ``accumulation_size`` calls; each average that is not below
-    ``(1 - rtol)·best - atol`` counts toward the plateau, and after
+    $(1 - \text{rtol})\, \text{best} - \text{atol}$ counts toward the plateau, and after
     ``patience`` such averages the scale is multiplied by ``factor`` (floored
     at ``min_scale``), then rests for ``cooldown`` averages.
 
-    Update rule: ``u ← s·u`` with ``s`` the current scale (1 at the start).
+    Update rule: $u \gets s u$ with $s$ the current scale (1 at the start).
 
     Args:
         factor: the multiplier applied on a plateau, in [0, 1]. Default: ``0.1``.

@@ -39,10 +39,10 @@ def _apply_zero_nans(updates, state, params):
 
 @combinator
 def zero_nans() -> Update:
-    """Replaces the NaN entries of the updates with 0, recording per leaf whether it found one.
+    r"""Replaces the NaN entries of the updates with 0, recording per leaf whether it found one.
 
-    Update rule: ``u ← 0`` where ``u`` is NaN, else ``u``; and
-    ``found_nan ← any(isnan(u))`` for each leaf. Infinities pass unchanged.
+    Update rule: $u \gets 0$ where $u$ is NaN, else $u$; and
+    ``found_nan`` $\gets \operatorname{any}(\operatorname{isnan}(u))$ for each leaf. Infinities pass unchanged.
     The state is for the user (``opt.get_state(state, "zero_nans.found_nan")``):
     the stage does not read it.
 
@@ -86,12 +86,12 @@ def _apply_keep_params_nonnegative(updates, params):
 
 @combinator
 def keep_params_nonnegative() -> Update:
-    """Changes the updates so that the params they produce are non-negative.
+    r"""Changes the updates so that the params they produce are non-negative.
 
-    Update rule: ``u ← -p`` where ``p + u < 0``, else ``u``; so
+    Update rule: $u \gets -p$ where $p + u < 0$, else $u$; so
     ``apply_updates(p, u) >= 0`` element by element. Put it last in the
     pipeline: a stage after it may undo it. A param that is already negative
-    is moved to 0. When ``-p`` is not exact in the update's dtype it is
+    is moved to 0. When $-p$ is not exact in the update's dtype it is
     rounded towards 0, so the sum is never below 0.
 
     Returns:
@@ -138,9 +138,9 @@ def _apply_snapshot(updates, state, params, *, measure):
 
 @combinator
 def snapshot(name: str = "snapshot", measure: Callable[[PyTree], PyTree] | None = None) -> Update:
-    """Keeps a copy of the updates at this point of the pipeline in its state; the updates pass unchanged.
+    r"""Keeps a copy of the updates at this point of the pipeline in its state; the updates pass unchanged.
 
-    Update rule: ``u ← u``; ``value ← u``, or ``value ← measure(u)``. Read
+    Update rule: $u \gets u$; ``value`` $\gets u$, or ``value`` $\gets$ ``measure(u)``. Read
     it after a step with ``opt.get_state(state, "snapshot.value")``, where
     ``snapshot`` is the stage's ``name``: two snapshots in one pipeline take
     two names, or are told apart as ``"snapshot[0]"`` and ``"snapshot[1]"``.
