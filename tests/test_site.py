@@ -88,6 +88,8 @@ def test_the_reference_renders_the_docstrings_markup(reference):
         assert "<blockquote>" not in html, f"{page}: a docstring's >>> lines render as a quote, not as code"
         raw = re.findall(r":(?:func|class|meth|attr|mod|data|obj):<code>[^<]*</code>", html)
         assert not raw, f"{page}: reStructuredText roles left as text: {raw}"
+        split = re.findall(r"<p>[^<]*``[^<]*</p>", html)
+        assert not split, f"{page}: a literal split over two items (a Returns: paragraph read as two values?): {split[:2]}"
 
 
 def test_every_formula_is_mathml_in_the_built_site(site):

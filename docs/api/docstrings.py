@@ -9,7 +9,10 @@ little reStructuredText. Before mkdocstrings parses them, this rewrites
   ``pycon`` block;
 - a role (``:func:`name```) as a cross-reference to what ``name`` means where
   it is written, else at the top of updax; as ``name`` in code if neither;
-- ``::`` ending a line, before a literal block, as ``:``.
+- ``::`` ending a line, before a literal block, as ``:``;
+- a ``Returns:`` paragraph wrapped over several lines as one item: griffe's
+  Google parser reads each line at the item's indentation as a new return
+  value, which split a state's name over two table rows.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ _EXAMPLE = re.compile(r"^(\s*)Example:$", re.M)
 _DOCTEST = re.compile(r"^>>> .*(?:\n(?!\s*$).*)*", re.M)  # at column 0, so not in a section
 _ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|obj):`~?([\w.]+)`")
 _LITERAL = re.compile(r"::$", re.M)
+_RETURNS = re.compile(r"^(\s*)Returns:\n(\s+)(.*)\n((?:\2\S.*\n?)*)", re.M)
 
 
 class UpdaxDocstrings(griffe.Extension):
@@ -33,7 +37,14 @@ class UpdaxDocstrings(griffe.Extension):
                 text = _EXAMPLE.sub(r"\1Examples:", obj.docstring.value)
                 text = _DOCTEST.sub(lambda m: f"```pycon\n{m.group(0)}\n```", text)
                 text = _ROLE.sub(lambda m: _reference(m.group(1), obj, loader), text)
+                text = _RETURNS.sub(_one_return, text)
                 obj.docstring.value = _LITERAL.sub(":", text)
+
+
+def _one_return(match: re.Match) -> str:
+    head, indent, first, rest = match.groups()
+    continued = "".join(f"{indent}    {line[len(indent):]}\n" for line in rest.splitlines())
+    return f"{head}Returns:\n{indent}{first}\n{continued}"
 
 
 def _objects(obj: griffe.Object) -> Iterator[griffe.Object]:
