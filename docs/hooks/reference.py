@@ -15,14 +15,13 @@ Two jobs, both done when the site is built, so no page lists a name twice:
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from functools import cache
 
 #: The documented modules, in the order a bare name is looked up (no two of them share a public name).
 MODULES = ["updax.updates", "updax.optimizers", "updax.schedules", "updax.domains", "updax.projections",
            "updax.sharding", "updax.interop"]
-#: ``updax``'s own names (the rest of ``updax.__all__`` re-exports the modules above).
-TOP = ["Update", "Stage", "EmptyState", "ScheduledState", "hyperparams_in_state", "checked", "backend_hints"]
 
 _FAMILIES = re.compile(r"^<!-- families: ([\w.]+) from ([\w./-]+) -->$", re.M)
 _FENCE = re.compile(r"^(\s*)(```|~~~).*?^\1\2[ \t]*$", re.M | re.S)
@@ -36,10 +35,12 @@ _NAME_IN_CODE = re.compile(r"^(?:(?:ux|updax)\.)?"
 @cache
 def public_names() -> dict[str, str]:
     """{name: the anchor of its entry}, for every name the reference documents."""
-    anchors = {name: f"updax.{name}" for name in TOP}
+    anchors = {}
     for module in MODULES:
         anchors |= {name: f"{module}.{name}" for name in importlib.import_module(module).__all__}
-    return anchors
+    updax = importlib.import_module("updax")  # its own names; the rest of its __all__ re-exports the modules
+    return {name: f"updax.{name}" for name in updax.__all__
+            if name not in anchors and not inspect.ismodule(getattr(updax, name))} | anchors
 
 
 def _family_sections(module: str, source: str, source_name: str) -> str:
