@@ -5,7 +5,11 @@
 file. It was written by the library as it stood before the catalogue's
 kernels were rewritten in their readable form and the backend's hints were
 moved behind one seam (issue 39, at e6117aa), so that the rewrite can show it
-changed no number beyond float32 rounding.
+changed no number beyond float32 rounding. An entry added later, or whose
+registry options changed, has its numbers written when it was
+(``python tests/held_numbers.py NAME``, which keeps every other entry's):
+``cautious`` and ``add_decayed_weights`` (now with ``cautious=True``) at
+issue 41's first part.
 """
 
 from __future__ import annotations
@@ -70,16 +74,24 @@ def key(name: str, jit: bool) -> str:
     return f"{name}|{'jit' if jit else 'eager'}"
 
 
-def record() -> None:
+def record(names=()) -> None:
+    """Writes every builder's numbers; with ``names``, those builders' only (a new entry, or an entry whose
+    registry options changed), keeping every other builder's numbers as they were held."""
+    unknown = sorted(set(names) - set(BUILDERS))
+    if unknown:
+        raise SystemExit(f"no builder named {unknown}")
     arrays = {}
-    for name in sorted(BUILDERS):
+    if names:
+        with np.load(PATH) as held:
+            arrays = {k: held[k] for k in held.files if k.split("|")[0] not in names}
+    for name in sorted(names or BUILDERS):
         for jit in (False, True):
             for path, value in run(name, jit)[0].items():
                 arrays[f"{key(name, jit)}|{path}"] = value
     PATH.parent.mkdir(exist_ok=True)
     np.savez_compressed(PATH, **arrays)
-    print(f"{len(arrays)} arrays from {len(BUILDERS)} builders written to {PATH}")
+    print(f"{len(arrays)} arrays ({', '.join(sorted(names)) or f'{len(BUILDERS)} builders'}) written to {PATH}")
 
 
-if __name__ == "__main__":
-    record()
+if __name__ == "__main__":  # python tests/held_numbers.py [NAME ...]
+    record(tuple(sys.argv[1:]))

@@ -64,7 +64,8 @@ ENTRIES = {
     "clip": lambda: ux.clip(delta=0.5),
     "clip_by_global_norm": lambda: ux.clip_by_global_norm(max_norm=1.0),
     "centralize": lambda: ux.centralize(),
-    "add_decayed_weights": lambda: ux.add_decayed_weights(decay=0.1),
+    # (cautious: the masked decay computes everything the plain one does, and every optimizer test runs the plain one)
+    "add_decayed_weights": lambda: ux.add_decayed_weights(decay=0.1, cautious=True),
     "add_noise": lambda: ux.add_noise(eta=0.01, gamma=0.55, key=3),
     "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(
         2, should_skip=ux.skip_large_updates(1e6)),
@@ -121,6 +122,7 @@ ENTRIES = {
                                                                                    num_betas=4),
     "lookahead": lambda: ux.scale_by_adam().scale(-0.1).lookahead(2, 0.5, reset_state=True),
     "sam": lambda: ux.scale_by_adam().scale(-0.1).sam(0.05, 3, reset_state=True, adversary=ux.trace(0.5)),
+    "cautious": lambda: ux.scale_by_adam().scale(-0.1).cautious(eps=1e-8),
     "scale_by_optimistic_gradient": lambda: ux.scale_by_optimistic_gradient(alpha=0.5, beta=1.0),
     "adaptive_grad_clip": lambda: ux.adaptive_grad_clip(clipping=0.05, eps=1e-3),
     "per_example_global_norm_clip": lambda: ux.per_example_global_norm_clip(l2_norm_clip=1.0),

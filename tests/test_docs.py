@@ -72,6 +72,6 @@ def test_axon_defaults_are_the_ones_documented_in_the_design():
     assert sig["clip"] == dict(delta=2.0)
     assert sig["clip_by_global_norm"] == dict(max_norm=1.0)
     assert sig["trace"] == dict(decay=0.9, nesterov=False, accumulator_dtype=None)
-    assert sig["add_decayed_weights"] == dict(decay=0.0, mask=None)
+    assert sig["add_decayed_weights"] == dict(decay=0.0, mask=None, cautious=False)
     assert sig["scale_by_trust_ratio"] == dict(min_norm=0.0, trust_coefficient=1.0, eps=0.0, mask=None)
     assert {k: sig["add_noise"][k] for k in ("eta", "gamma")} == dict(eta=0.01, gamma=0.55)

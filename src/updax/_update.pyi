@@ -95,6 +95,8 @@ class Update:
         self,
         decay: ScalarOrSchedule = 0.0,
         mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+        *,
+        cautious: bool = False,
     ) -> Update:
         """Adds ``decay`` times the parameters to the updates (decoupled weight decay). See
         :func:`updax.add_decayed_weights`."""
@@ -108,6 +110,9 @@ class Update:
     def apply_if_finite(self, max_consecutive_errors: int = 5) -> Update:
         """Drops steps whose updates are not finite, leaving the pipeline before it untouched. See
         :func:`updax.apply_if_finite`."""
+    def cautious(self, eps: ScalarOrSchedule = 1e-08, *, descent: bool = True) -> Update:
+        """Keeps the coordinates of the pipeline before it that move against the gradient (cautious updates).
+        See :func:`updax.cautious`."""
     def centralize(self) -> Update:
         """Subtracts from each leaf of rank >= 2 its mean over all axes but the first. See
         :func:`updax.centralize`."""

@@ -71,7 +71,7 @@ from updax.updates._step_size import (
     scale_by_state,
 )
 from updax.updates._utilities import keep_params_nonnegative, snapshot, zero_nans
-from updax.updates._wrappers import lookahead, sam, scale_by_optimistic_gradient
+from updax.updates._wrappers import cautious, lookahead, sam, scale_by_optimistic_gradient
 
 __all__ = [
     "MuonDimensionNumbers",
@@ -82,6 +82,7 @@ __all__ = [
     "apply_if_finite",
     "apply_updates",
     "averaged_params",
+    "cautious",
     "centralize",
     "clip",
     "clip_by_block_rms",

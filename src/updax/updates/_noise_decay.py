@@ -12,7 +12,7 @@ import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import ANY_REAL, NON_NEGATIVE, Count, Valid, fail
+from updax._domains import ANY_REAL, NON_NEGATIVE, Count, Flag, Valid, fail
 from updax._masks import Mask
 from updax._primitives import stateful, stateless
 from updax._typing import PyTree, ScalarOrSchedule
@@ -21,21 +21,24 @@ from updax.updates._kernels import number
 from updax.updates._masking import leafwise
 
 
-def _apply_add_decayed_weights(updates, params, *, decay, mask=None):
+def _apply_add_decayed_weights(updates, params, *, decay, mask=None, cautious=None):
     none = number(decay) == 0  # (a number, not a traced or scheduled value)
 
     def leaf(g, p):
         if none:
             return g
         c = _tree.compute_dtype(g.dtype, p.dtype)
-        return _tree.cast(_tree.cast(g, c) + decay * _tree.cast(p, c), g.dtype)
+        u, x = _tree.cast(g, c), _tree.cast(p, c)
+        if cautious:  # decay only where the update and the param agree in sign (Re(u conj(x)) for complex)
+            x = jnp.where(jnp.real(u * jnp.conj(x)) >= 0, x, jnp.zeros_like(x))
+        return _tree.cast(u + decay * x, g.dtype)
 
     return leafwise("add_decayed_weights", leaf, mask, updates, params)
 
 
 @combinator
-def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None
-                        ) -> Update:
+def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[PyTree], PyTree] | None = None, *,
+                        cautious: bool = False) -> Update:
     r"""Adds ``decay`` times the parameters to the updates (decoupled weight decay).
 
     Update rule, with $\lambda$ = ``decay``: $u \gets u + \lambda p$ on the leaves ``mask`` selects; the
@@ -46,11 +49,21 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[
     does not turn its update into NaN ($0 \cdot \infty$). A decay of 0 given as a
     traced value or a schedule computes $u + 0 \cdot p$.
 
+    With ``cautious=True`` (cautious weight decay, Chen et al. 2025), a
+    coordinate decays only where the update and the param agree in sign,
+    $u \gets u + \lambda\, \mathbb{I}(u \odot p \ge 0) \odot p$ (for complex
+    leaves, $\operatorname{Re}(u \bar p) \ge 0$): the decay never pulls a
+    param back against the step the rule before it takes. Put it where
+    ``add_decayed_weights`` usually sits, after the rule's direction and
+    before the learning rate.
+
     Args:
         decay: the weight-decay rate, any real number. Default: ``0.0``.
         mask: which leaves decay: a pytree of bools shaped like the params,
             or a function of the params returning one (True: decayed); None
             decays every leaf. Default: ``None``.
+        cautious: decay only the coordinates where $u \odot p \ge 0$; prints
+            only when True. Default: ``False``.
 
     Returns:
         A stateless update object; ``update`` needs ``params``.
@@ -66,13 +79,21 @@ def add_decayed_weights(decay: ScalarOrSchedule = 0.0, mask: PyTree | Callable[[
         >>> params = {"w": jnp.array([2.0]), "b": jnp.array([2.0])}
         >>> no_bias.update({"w": jnp.array([1.0]), "b": jnp.array([1.0])}, no_bias.init(params), params)[0]
         {'b': Array([1.], dtype=float32), 'w': Array([1.2], dtype=float32)}
+        >>> careful = ux.add_decayed_weights(0.1, cautious=True)  # the update and the param disagree at [1]
+        >>> params = {"w": jnp.array([2.0, 2.0])}
+        >>> careful.update({"w": jnp.array([1.0, -1.0])}, careful.init(params), params)[0]["w"]
+        Array([ 1.2, -1. ], dtype=float32)
 
     References:
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR
         2019. https://arxiv.org/abs/1711.05101
+
+        Chen et al., "Cautious Weight Decay", 2025.
+        https://arxiv.org/abs/2510.12402
     """
     return stateless(_apply_add_decayed_weights, elementwise=True, name="add_decayed_weights",
-                     options=dict(decay=decay, mask=mask), domains=dict(decay=ANY_REAL, mask=Mask(optional=True)),
+                     options=dict(decay=decay, mask=mask, cautious=cautious),
+                     domains=dict(decay=ANY_REAL, mask=Mask(optional=True), cautious=Flag(late=True)),
                      needs_params=True, schedulable=("decay",))
 
 

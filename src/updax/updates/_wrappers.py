@@ -1,4 +1,5 @@
-"""Wrappers that move the params along a path of their own (lookahead, SAM), and optimistic gradients."""
+"""Wrappers that move the params along a path of their own (lookahead, SAM) or mask the steps of the pipeline they
+wrap (cautious updates), and optimistic gradients."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ _WRAPPER_DOMAINS = dict(
     inner=Pipeline(), sync_period=Integer(1), slow_step_size=Real(0.0, 1.0, lo_open=True), reset_state=Flag(),
     accumulator_dtype=FloatDtype(), rho=NON_NEGATIVE,
     adversary=Valid(rule=_optional_pipeline, text="must be None or an update object"),
-    alpha=NON_NEGATIVE, beta=NON_NEGATIVE)
+    alpha=NON_NEGATIVE, beta=NON_NEGATIVE, eps=NON_NEGATIVE, descent=Flag())
 
 
 def _domains(options):
@@ -279,6 +280,91 @@ def sam(inner: Update, rho: ScalarOrSchedule = 0.05, sync_period: int = 2, *, re
     options = dict(inner=inner, rho=rho, sync_period=sync_period, reset_state=reset_state, adversary=adversary)
     return stateful(_init_sam, _apply_sam, name="sam", options=options, domains=_domains(options), wraps="inner",
                     needs_params=True, schedulable=("rho",))
+
+
+# --------------------------------------------------------------------------
+# Cautious updates
+
+
+class CautiousState(NamedTuple):
+    """The wrapped pipeline's state."""
+
+    inner: tuple
+
+
+def _init_cautious(params, *, inner, eps, descent):
+    return CautiousState(inner=inner.init(params))
+
+
+def _apply_cautious(updates, state, params, *, inner, eps, descent, **extra):
+    out, inner_state = inner.update(updates, state.inner, params, **extra)
+
+    def leaf(u, g):  # the wrapped pipeline's output u for one leaf, and the gradient g it came from
+        c = _tree.compute_dtype(u.dtype, g.dtype)
+        agree = jnp.real(_tree.cast(u, c) * jnp.conj(_tree.cast(g, c)))
+        keep = agree < 0 if descent else agree > 0
+        scale = 1 / (jnp.mean(keep.astype(agree.dtype)) + eps)  # (inf only where nothing is kept, at eps = 0)
+        return _tree.cast(jnp.where(keep, _tree.cast(u, c) * scale, 0), u.dtype)
+
+    out = _tree.tree_map("cautious", leaf, out, updates, names=("the wrapped pipeline's output", "updates"))
+    return out, CautiousState(inner=inner_state)
+
+
+@combinator(wraps=True)
+def cautious(inner: Update, eps: ScalarOrSchedule = 1e-8, *, descent: bool = True) -> Update:
+    r"""Keeps the coordinates of the pipeline before it that move against the gradient (cautious updates).
+
+    For each leaf, with $u$ the wrapped pipeline's output, $g$ the gradient
+    it got (this stage's input), $\epsilon$ = ``eps`` and $n$ the leaf's
+    size, the paper's mask and its mean-preserving rescale:
+
+    $$
+    \begin{align*}
+    \phi &= \mathbb{I}(u \odot g < 0) \\
+    u &\gets \frac{u \odot \phi}{\tfrac{1}{n} \sum_i \phi_i + \epsilon}
+    \end{align*}
+    $$
+
+    Every kept coordinate descends, $\langle u, g \rangle \le 0$, whatever
+    the momentum of the rule inside. With ``descent=True`` (the default) the
+    wrapped pipeline is a whole optimizer: its output is the step added to
+    the params, which descends where $u \odot g < 0$. With ``descent=False``
+    it is a direction that a later negative scale turns into a step
+    (``scale_by_adam``'s, which points along the gradient), and the mask is
+    $\mathbb{I}(u \odot g > 0)$: the paper's C-AdamW, whose weight decay is
+    not masked, is
+    ``scale_by_adam().cautious(descent=False).add_decayed_weights(decay).scale_by_learning_rate(lr)``.
+    For complex leaves the sign is that of $\operatorname{Re}(u \bar g)$. A
+    leaf with no kept coordinate gets a zero update.
+
+    Args:
+        eps: added to the kept fraction (the paper's stabiliser), >= 0.
+            Default: ``1e-08``.
+        descent: whether the wrapped pipeline's output is a step (True) or a
+            direction along the gradient (False). Default: ``True``.
+
+    Returns:
+        An update object with state ``CautiousState(inner)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adam().scale_by_learning_rate(0.1).cautious()
+        >>> opt
+        scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=1e-15) |> scale_by_learning_rate(learning_rate=0.1) |> cautious(eps=1e-08, descent=True)
+        >>> g = {"w": jnp.array([1.0, -1.0])}
+        >>> state = opt.update(g, opt.init(g))[1]
+        >>> u, _ = opt.update({"w": jnp.array([1.0, 0.05])}, state)
+        >>> u["w"]  # Adam alone: [-0.1, 0.063], its momentum climbing on the second; kept half, doubled
+        Array([-0.199998,  0.      ], dtype=float32)
+
+    References:
+        Liang et al., "Cautious Optimizers: Improving Training with One Line
+        of Code", 2024. https://arxiv.org/abs/2411.16085
+    """
+    return stateful(_init_cautious, _apply_cautious, name="cautious",
+                    options=dict(inner=inner, eps=eps, descent=descent), wraps="inner",
+                    domains=_domains(("inner", "eps", "descent")), schedulable=("eps",))
 
 
 # --------------------------------------------------------------------------
