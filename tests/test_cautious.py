@@ -140,3 +140,34 @@ def test_cautious_on_complex_leaves_uses_the_real_part_of_u_times_conj_g():
 def test_bad_options_are_refused_by_name(build, message):
     with pytest.raises((TypeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
         build()
+
+
+DECOUPLED = ["adamw", "adamaxw", "nadamw", "adan", "ademamix", "simplified_ademamix", "lion", "muon", "lamb",
+             "adafactor"]
+
+
+def _decay_stages(opt):
+    """Every add_decayed_weights stage of a pipeline, inside wrappers and partitions too."""
+    found = []
+    for stage in opt.stages:
+        if stage.name == "add_decayed_weights":
+            found.append(stage)
+        for _, value in stage.options:
+            inner = value.values() if isinstance(value, dict) else [value]
+            found += [s for v in inner if isinstance(v, ux.Update) for s in _decay_stages(v)]
+    return found
+
+
+@pytest.mark.parametrize("name", DECOUPLED)
+def test_every_decoupled_decay_optimizer_offers_cautious_decay(name):
+    build = getattr(ux.optimizers, name)
+    decay = {"decay": 0.1}
+    cautious, plain = _decay_stages(build(**decay, cautious_decay=True)), _decay_stages(build(**decay))
+    assert cautious and all(dict(s.options)["cautious"] for s in cautious)
+    assert len(plain) == len(cautious) and not any(dict(s.options)["cautious"] for s in plain)
+    assert "cautious" not in repr(build(**decay))  # a pipeline built before prints as it did
+
+
+def test_adamw_with_cautious_decay_follows_the_papers_algorithm():
+    opt = ux.optimizers.adamw(LR, b1=B1, b2=B2, eps=EPS, eps_root=1e-15, decay=DECAY, cautious_decay=True)
+    _close(_run(opt), _reference(cautious_update=False, cautious_decay=True))

@@ -66,7 +66,7 @@ def adam(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2:
 def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
           eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0, *,
           mu_dtype: DType = None, nu_dtype: DType = None, nesterov: bool = False, mask: PyTree | Callable[[PyTree],
-          PyTree] | None = None, maximize: bool = False) -> Update:
+          PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False) -> Update:
     """AdamW: Adam with decoupled weight decay.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``.
@@ -86,6 +86,10 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -104,7 +108,8 @@ def adamw(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2
     """
     pipeline = (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype,
                               nesterov=nesterov)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 
 
@@ -287,7 +292,7 @@ def adamax(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
 @optimizer
 def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
             eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4, *, mask: PyTree | Callable[[PyTree],
-            PyTree] | None = None, maximize: bool = False) -> Update:
+            PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False) -> Update:
     """AdaMax with decoupled weight decay.
 
     Pipeline: ``scale_by_adamax(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -301,6 +306,10 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -316,7 +325,8 @@ def adamaxw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, 
     References:
         Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019.
     """
-    pipeline = (scale_by_adamax(b1=b1, b2=b2, eps=eps).add_decayed_weights(decay=decay, mask=mask)
+    pipeline = (scale_by_adamax(b1=b1, b2=b2, eps=eps)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 
@@ -361,7 +371,7 @@ def nadam(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2
 def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
            eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 1e-4, *,
            mu_dtype: DType = None, nu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
-           PyTree] | None = None, maximize: bool = False) -> Update:
+           PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False) -> Update:
     """NAdamW: NAdam with decoupled weight decay.
 
     Pipeline: ``scale_by_nadam(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -378,6 +388,10 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -394,7 +408,8 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
         Dozat, 2016; Loshchilov & Hutter, 2019.
     """
     pipeline = (scale_by_nadam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 
 
@@ -402,7 +417,7 @@ def nadamw(learning_rate: ScalarOrSchedule = 2e-3, b1: ScalarOrSchedule = 0.9, b
 def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2: ScalarOrSchedule = 0.92,
          b3: ScalarOrSchedule = 0.99, eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-8,
          decay: ScalarOrSchedule = 0.0, *, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
-         maximize: bool = False) -> Update:
+         cautious_decay: bool = False, maximize: bool = False) -> Update:
     """Adan: adaptive Nesterov momentum estimated from gradient differences.
 
     Pipeline: ``scale_by_adan(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -418,6 +433,10 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -434,7 +453,8 @@ def adan(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.98, b2
         Xie et al., "Adan: Adaptive Nesterov Momentum Algorithm for Faster
         Optimizing Deep Models", 2022. https://arxiv.org/abs/2208.06677
     """
-    pipeline = (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root).add_decayed_weights(decay=decay, mask=mask)
+    pipeline = (scale_by_adan(b1=b1, b2=b2, b3=b3, eps=eps, eps_root=eps_root)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 

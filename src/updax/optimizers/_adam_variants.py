@@ -60,7 +60,7 @@ def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
              b3: ScalarOrSchedule = 0.9999, alpha: ScalarOrSchedule = 5.0, eps: ScalarOrSchedule = 1e-8,
              eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
              nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
-             maximize: bool = False) -> Update:
+             cautious_decay: bool = False, maximize: bool = False) -> Update:
     """AdEMAMix: AdamW with a second, slow EMA of the gradients mixed in.
 
     Pipeline: ``scale_by_ademamix(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -79,6 +79,10 @@ def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -97,7 +101,8 @@ def ademamix(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9,
     """
     pipeline = (scale_by_ademamix(b1=b1, b2=b2, b3=b3, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
                                   nu_dtype=nu_dtype)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 
 
@@ -106,7 +111,7 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
                         b2: ScalarOrSchedule = 0.95, alpha: ScalarOrSchedule = 0.0, eps: ScalarOrSchedule = 1e-8,
                         eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
                         nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
-                        maximize: bool = False) -> Update:
+                        cautious_decay: bool = False, maximize: bool = False) -> Update:
     """Simplified AdEMAMix: one undamped momentum plus ``alpha`` times the gradient, Adam-normalised.
 
     Pipeline: ``scale_by_simplified_ademamix(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -126,6 +131,10 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -145,5 +154,6 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
     """
     pipeline = (scale_by_simplified_ademamix(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
                                              nu_dtype=nu_dtype)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)

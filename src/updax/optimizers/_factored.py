@@ -17,7 +17,8 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
               decay_rate: ScalarOrSchedule = 0.8, decay_offset: int = 0, multiply_by_parameter_scale: bool = True,
               clipping_threshold: ScalarOrSchedule | None = 1.0, momentum: ScalarOrSchedule | None = None,
               decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True, *,
-              mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
+              mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
+              maximize: bool = False) -> Update:
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
@@ -45,6 +46,10 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -75,7 +80,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
     if momentum is not None:
         opt = opt.ema(momentum, debias=False)
     if decay is not None:
-        opt = opt.add_decayed_weights(decay=decay, mask=mask)
+        opt = opt.add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
     return maximized(maximize, opt.scale(-1.0))
 
 

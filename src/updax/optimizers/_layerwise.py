@@ -15,7 +15,8 @@ from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd,
 def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
          eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0,
          min_norm: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None, nu_dtype: DType = None,
-         mask: PyTree | Callable[[PyTree], PyTree] | None = None, maximize: bool = False) -> Update:
+         mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
+         maximize: bool = False) -> Update:
     """LAMB: AdamW rescaled per leaf by the trust ratio.
 
     Pipeline: ``scale_by_adam(...) |> add_decayed_weights(decay) |> scale_by_trust_ratio(min_norm)
@@ -34,6 +35,10 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -51,7 +56,8 @@ def lamb(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2:
         in 76 minutes", ICLR 2020. https://arxiv.org/abs/1904.00962
     """
     pipeline = (scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_trust_ratio(min_norm=min_norm)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_trust_ratio(min_norm=min_norm)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 

@@ -57,7 +57,7 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
          adam_learning_rate: ScalarOrSchedule | None = None, mask: PyTree | Callable[[PyTree],
          PyTree] | None = None, adaptive: bool = False,
          weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
-         maximize: bool = False) -> Update:
+         cautious_decay: bool = False, maximize: bool = False) -> Update:
     """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
     Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
@@ -96,6 +96,10 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
             (Muon) or None (Adam) shaped like the params or a prefix of them,
             or a function of the params returning one; None gives Muon to the
             leaves with two axes. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -122,8 +126,10 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
     matrices = (scale_by_muon(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov,
                               mu_dtype=mu_dtype, adaptive=adaptive, weight_dimension_numbers=dims)
                 .scale_by_shape(weight_dimension_numbers=dims)
-                .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
     adam_like = scale_by_nadam if nesterov else scale_by_adam
     others = (adam_like(b1=adam_b1, b2=adam_b2, eps=eps, eps_root=adam_eps_root, mu_dtype=mu_dtype)
-              .add_decayed_weights(decay=adam_decay, mask=mask).scale_by_learning_rate(adam_learning_rate))
+              .add_decayed_weights(decay=adam_decay, mask=mask, cautious=cautious_decay)
+              .scale_by_learning_rate(adam_learning_rate))
     return maximized(maximize, partition({"muon": matrices, "adam": others}, _labels(dims)))

@@ -13,7 +13,7 @@ from updax.updates import scale_by_lion, scale_by_rprop, scale_by_sign, trace
 @optimizer
 def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99,
          decay: ScalarOrSchedule = 1e-3, *, mu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
-         PyTree] | None = None, maximize: bool = False) -> Update:
+         PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False) -> Update:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay.
 
     Pipeline: ``scale_by_lion(b1, b2) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -28,6 +28,10 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -44,7 +48,8 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023.
         https://arxiv.org/abs/2302.06675
     """
-    pipeline = (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype).add_decayed_weights(decay=decay, mask=mask)
+    pipeline = (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)
 
