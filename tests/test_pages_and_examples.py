@@ -360,3 +360,21 @@ def test_the_readmes_links_name_files_of_the_repository():
     links = re.findall(r"\]\(((?!https?:)[^)#]+)", (ROOT / "README.md").read_text())
     assert len(links) >= 10
     assert not [link for link in links if not (ROOT / link).exists()]
+
+
+def test_the_tiny_language_model_example_trains_in_its_quick_mode(tmp_path):
+    """examples/tiny_lm.py --quick: every optimizer this updax has takes a few steps; the table and picture exist."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import tiny_lm
+    finally:
+        sys.path.pop(0)
+    results = tiny_lm.main(["--quick", "--out", str(tmp_path)])
+    assert {"adamw", "cautious adamw", "muon"} <= set(results)
+    for name, r in results.items():
+        assert len(r["losses"]) == 4 and all(np.isfinite(r["losses"])), name
+        assert r["losses"][-1] < r["losses"][0], name  # a few steps already lower the loss from ln(256) = 5.5
+    n = sum(p.size for p in jax.tree.leaves(tiny_lm.init_params(jax.random.key(0))))
+    assert results["adamw"]["state_bytes"] == 2 * 4 * n + 4  # Adam's two moments in float32, and its step counter
+    table = (tmp_path / "tiny_lm.md").read_text()
+    assert "| adamw |" in table and (tmp_path / "tiny_lm.png").stat().st_size > 10_000
