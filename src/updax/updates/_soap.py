@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec
 
 from updax import _tree
 from updax._combinators import combinator
@@ -74,6 +75,30 @@ def _init_scale_by_soap(params, *, max_precond_dim, merge_dims):
     stats, bases = _tree.tree_map_unzip("scale_by_soap", leaf, 2, params, names=("params",))
     return ScaleBySoapState(mu=_tree.accumulators(params, None), nu=_tree.accumulators(params, None),
                             stats=stats, bases=bases, count=_tree.zero_count())
+
+
+def _gathered(x):
+    """``x`` whole on each device of its mesh (unchanged off a mesh)."""
+    return _tree.place_like(x, x, dims=(None,) * x.ndim)
+
+
+def _like(x, like):
+    """``x`` (shaped like ``like``) split as ``like`` is: on an Auto mesh under jit tied to it
+    (:func:`updax._tree.full`'s tie, which XLA's sharding propagation reads), else by
+    :func:`updax._tree.place_like`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if isinstance(like, jax.core.Tracer) and not mesh.empty and AxisType.Explicit not in mesh.axis_types:
+        return _tree._tied(x, like)
+    return _tree.place_like(x, like)
+
+
+def _kept_like(x, old):
+    """``x`` placed as ``old`` is (replicated): on an Auto mesh under jit, where no sharding is known while tracing,
+    by a sharding constraint to the current mesh, else as :func:`updax._tree.place_like` places it."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if isinstance(x, jax.core.Tracer) and not mesh.empty and AxisType.Explicit not in mesh.axis_types:
+        return jax.lax.with_sharding_constraint(x, PartitionSpec())
+    return _tree.place_like(x, old)
 
 
 def _rotated(x, bases, axes, back=False):
@@ -146,13 +171,15 @@ def _apply_scale_by_soap(updates, state, params, *, b1, b2, shampoo_beta, eps, p
     for g, m, v, ss, qs in zip(leaves, mus, nus, stats, bases):
         c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype)
         shape, axes = preconditioned(g.shape, max_precond_dim, merge_dims)
-        x = g.astype(c).reshape(shape)
-        m = b1 * m.astype(c).reshape(shape) + (1 - b1) * x
-        v = b2 * v.astype(c).reshape(shape) + (1 - b2) * jnp.square(_rotated(x, qs, axes))
+        # On a mesh a rotated leaf is gathered (the rotations contract its axes), and split back at the end.
+        local = (lambda a: a) if shape == g.shape and not axes else _gathered
+        x = local(g).astype(c).reshape(shape)
+        m = b1 * local(m).astype(c).reshape(shape) + (1 - b1) * x
+        v = b2 * local(v).astype(c).reshape(shape) + (1 - b2) * jnp.square(_rotated(x, qs, axes))
         d = safe_sqrt(v / c2.astype(c)) + eps
         # (0 where the denominator is: a coordinate no update has reached, with eps = 0)
         n = jnp.where(d > 0, _rotated(m, qs, axes) / c1.astype(c) / jnp.where(d > 0, d, 1), 0)
-        us.append(_rotated(n, qs, axes, back=True).reshape(g.shape).astype(g.dtype))
+        us.append(_like(_rotated(n, qs, axes, back=True).reshape(g.shape).astype(g.dtype), g))
         new_mu.append(m)
         new_nu.append(v)
         new_stats.append(tuple(shampoo_beta * s + (1 - shampoo_beta) * _gram(x, i).astype(s.dtype)
@@ -161,8 +188,11 @@ def _apply_scale_by_soap(updates, state, params, *, b1, b2, shampoo_beta, eps, p
 
     kind = jnp.where(count == 1, 1, jnp.where(count % precondition_frequency == 0, 2, 0))
     new_bases, new_nu = _refreshed(kind, new_stats, bases, new_nu, plans)
-    new_mu = [a.reshape(m.shape).astype(m.dtype) for a, m in zip(new_mu, mus)]
-    new_nu = [a.reshape(v.shape).astype(v.dtype) for a, v in zip(new_nu, nus)]
+    # Under jit on an Auto mesh nothing else pins the statistics and bases: XLA would split them like the updates.
+    new_stats = [tuple(_kept_like(a, b) for a, b in zip(ss, old)) for ss, old in zip(new_stats, stats)]
+    new_bases = [tuple(_kept_like(a, b) for a, b in zip(qs, old)) for qs, old in zip(new_bases, bases)]
+    new_mu = [_like(a.reshape(m.shape).astype(m.dtype), m) for a, m in zip(new_mu, mus)]
+    new_nu = [_like(a.reshape(v.shape).astype(v.dtype), v) for a, v in zip(new_nu, nus)]
     return treedef.unflatten(us), ScaleBySoapState(
         mu=treedef.unflatten(new_mu), nu=treedef.unflatten(new_nu), stats=treedef.unflatten(new_stats),
         bases=treedef.unflatten(new_bases), count=count)
