@@ -93,6 +93,9 @@ ENTRIES = {
     "scale_by_shape": lambda: ux.scale_by_shape(weight_dimension_numbers=_stacked_matrices),
     "clip_by_block_rms": lambda: ux.clip_by_block_rms(threshold=1.0),
     "scale_by_sm3": lambda: ux.scale_by_sm3(b1=0.9, b2=1.0, eps=1e-8),
+    # (a refresh every 2 steps: the sweeps' second and later steps run the power step, the first the eigh)
+    "scale_by_soap": lambda: ux.scale_by_soap(b1=0.9, b2=0.95, shampoo_beta=0.9, eps=1e-8, precondition_frequency=2,
+                                              max_precond_dim=64, merge_dims=False),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
                                                                 eps=1e-8, weight_dimension_numbers=_stacked_matrices),
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,

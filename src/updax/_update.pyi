@@ -541,6 +541,18 @@ class Update:
     ) -> Update:
         """Scales updates by SM3: an AdaGrad-like second moment stored as per-axis maxima. See
         :func:`updax.scale_by_sm3`."""
+    def scale_by_soap(
+        self,
+        b1: ScalarOrSchedule = 0.95,
+        b2: ScalarOrSchedule = 0.95,
+        shampoo_beta: ScalarOrSchedule = 0.95,
+        eps: ScalarOrSchedule = 1e-08,
+        precondition_frequency: int = 10,
+        max_precond_dim: int = 10000,
+        merge_dims: bool = False,
+    ) -> Update:
+        """Scales updates by SOAP: Adam in the eigenbasis of Shampoo's preconditioner. See
+        :func:`updax.scale_by_soap`."""
     def scale_by_state(self, step_size: ScalarOrSchedule) -> Update:
         """Multiplies updates by a step size held in state (Axon's tunable learning rate). See
         :func:`updax.scale_by_state`."""

@@ -31,6 +31,7 @@ from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._sgd import noisy_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
+from updax.optimizers._soap import soap
 
 __all__ = [
     # Axon's set
@@ -40,6 +41,7 @@ __all__ = [
     "lbfgs",
     "nadamw", "novograd", "optimistic_adam", "optimistic_gradient_descent",
     "ademamix", "adopt", "simplified_ademamix",
+    "soap",
     "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
