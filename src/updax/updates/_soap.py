@@ -153,6 +153,9 @@ def _refreshed(kind, stats, bases, nu, plans):
         return new_bases, new_nu
 
     nu = [v.reshape(shape) for v, (shape, _) in zip(nu, plans)]
+    # Differentiation takes the bases as constants: eigenvectors have no derivative where eigenvalues repeat, as
+    # they do for zero statistics (JAX's would be NaN there).
+    stats, bases = jax.lax.stop_gradient((stats, bases))
     return jax.lax.switch(kind, (keep, first, power), stats, bases, nu)
 
 
@@ -228,7 +231,8 @@ def scale_by_soap(b1: ScalarOrSchedule = 0.95, b2: ScalarOrSchedule = 0.95, sham
     along it; an axis above ``max_precond_dim`` keeps the identity, and a leaf of fewer than two axes takes
     Adam. The refresh is a ``lax.switch`` on the step count: the jitted step is one program. Zero or
     rank-deficient statistics give orthogonal bases (an eigendecomposition, or a QR whose zero columns are
-    completed), never NaN; with $\epsilon = 0$ a coordinate whose denominator is 0 gets 0.
+    completed), never NaN; with $\epsilon = 0$ a coordinate whose denominator is 0 gets 0. Differentiating
+    through the step takes the bases as constants (eigenvectors have no derivative where eigenvalues repeat).
 
     Deviations from the authors' code: it skips the first step (it only builds $Q_L, Q_R$, with $V$ still 0);
     here step 1 is Adam's, and the first eigenbases carry $V$ over as
