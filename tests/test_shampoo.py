@@ -47,7 +47,7 @@ def _run(opt, steps=STEPS, grads=_grads):
 
 def _inverse_root(h, exponent, matrix_eps):
     lam, q = np.linalg.eigh((h + h.T) / 2)
-    lam = np.maximum(lam, 0.0) + matrix_eps * lam.max()
+    lam = np.maximum(lam, matrix_eps * lam.max())  # eigenvalues clamped at epsilon relative to the largest
     return (q * lam ** (-1.0 / exponent)) @ q.T
 
 
@@ -122,9 +122,9 @@ def test_shampoo_follows_the_papers_algorithm(case):
                               max_preconditioner_dim=c["max_dim"], graft=c["graft"]).scale(-0.05)
     ours, _ = _run(opt)
     # float32 against float64 over 25 steps: the eigendecompositions round at about 1e-7 of the largest
-    # eigenvalue, and the roots amplify it (worst seen, relative to the distance travelled: 3.3e-5 for
-    # ema_rmsprop, 1.8e-5 ema_adam, 5.5e-6 sums_adagrad, 1.1e-6 sgd_large_axes_left_out)
-    assert _worst(ours, _reference(lr=0.05, **c)) < 1e-4
+    # eigenvalue, and the roots amplify it (worst seen, relative to the distance travelled: 5.7e-6 for
+    # ema_rmsprop, 2.8e-6 ema_adam, 5.6e-6 sums_adagrad, 5.8e-7 sgd_large_axes_left_out)
+    assert _worst(ours, _reference(lr=0.05, **c)) < 5e-5
 
 
 def test_the_optimizer_is_its_pipeline():
@@ -132,7 +132,7 @@ def test_the_optimizer_is_its_pipeline():
                                          start_preconditioning_step=4))
     reference = _reference(lr=0.05, b2=0.9, eps=1e-8, matrix_eps=1e-4, frequency=3, start=4, max_dim=1024,
                            graft="adam")
-    assert _worst(ours, reference) < 1e-4
+    assert _worst(ours, reference) < 5e-5
 
 
 # --------------------------------------------------------------------------
@@ -278,7 +278,7 @@ LEARNING_RATES = [3e-2, 1e-1, 3e-1, 1.0, 3.0]
 def test_shampoo_beats_adam_on_an_ill_conditioned_rotated_quadratic():
     """Best loss over the same grid of learning rates, 200 steps each, both at their defaults otherwise (Shampoo
     refreshing every 5 steps). Measured (CPU, float32): Adam 3.3e+02 (at lr 0.3; 8.2e+02 at 0.1, 5.6e+02 at 1),
-    Shampoo 2.7e-02 (at lr 1; 1.5 at 0.3, 0.44 at 3): 1.2e4 times lower. The loss at W = 0 is 1.1e6."""
+    Shampoo 1.4e-02 (at lr 1; 1.3 at 0.3, 0.76 at 3): 2e4 times lower. The loss at W = 0 is 1.1e6."""
     shampoo = _quadratic_loss(lambda lr: ux.optimizers.shampoo(lr, precondition_frequency=5))
     adam = _quadratic_loss(lambda lr: ux.optimizers.adam(lr))
     best_shampoo = min(float(shampoo(lr)) for lr in LEARNING_RATES)

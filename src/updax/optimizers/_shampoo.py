@@ -16,7 +16,7 @@ def shampoo(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, 
             precondition_frequency: int = 10, start_preconditioning_step: int = 1, max_preconditioner_dim: int = 1024,
             graft: str = "adam", mask: PyTree | Callable[[PyTree], PyTree] | None = None,
             cautious_decay: bool = False, maximize: bool = False) -> Update:
-    """Shampoo: one Kronecker factor per axis, its inverse root refreshed every few steps, the step size grafted.
+    """Shampoo: a Kronecker factor per axis, its inverse root refreshed every few steps, grafted.
 
     Pipeline: ``scale_by_shampoo(...) |> ema(b1, debias=True) |> add_decayed_weights(decay)
     |> scale_by_learning_rate(learning_rate)``: the momentum of the grafted update (as Anil et al.'s), then

@@ -105,15 +105,21 @@ def _along(root, x, axis):
 
 
 def _inverse_root(stat, old, exponent, matrix_eps):
-    """``(H + ε·λ_max·I)^(-1/exponent)`` from ``eigh``, negative eigenvalues clamped to 0; ``old`` where the
-    statistic is zero or the result is not finite."""
-    h = (stat + stat.T) / 2
+    """``Q·max(Λ, ε·λ_max)^(-1/exponent)·Qᵀ`` from ``eigh`` of the statistic ``QΛQᵀ``; ``old`` where the
+    statistic is zero or the result is not finite.
+
+    Clamped rather than shifted by ``ε·λ_max``: float32's eigenvalues are exact to about 1e-7 of ``λ_max`` only,
+    so those below the floor are round-off, and a root read from them would differ from one rounding to the next.
+    The root is a constant to derivatives through the step: ``eigh``'s derivative is not finite where eigenvalues
+    repeat (a statistic of rank one has them), and a preconditioner is not what one differentiates a step by.
+    """
+    h = jax.lax.stop_gradient((stat + stat.T) / 2)
     lam, q = jnp.linalg.eigh(h)
     lam_max = jnp.max(lam)
     floor = jnp.maximum(matrix_eps * lam_max, jnp.finfo(lam.dtype).tiny)
-    root = jnp.matmul(q * (jnp.maximum(lam, 0.0) + floor) ** (-1.0 / exponent), q.T, precision=_HIGHEST)
+    root = jnp.matmul(q * jnp.maximum(lam, floor) ** (-1.0 / exponent), q.T, precision=_HIGHEST)
     ok = (lam_max > 0) & jnp.all(jnp.isfinite(root))
-    return jnp.where(ok, root, old)
+    return jnp.where(ok, root, jax.lax.stop_gradient(old))
 
 
 def _apply_scale_by_shampoo(updates, state, params, *, b2, eps, matrix_eps, precondition_frequency,
@@ -191,12 +197,13 @@ def scale_by_shampoo(b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
     (those of at most ``max_preconditioner_dim`` elements) are $i_1, \dots, i_m$, with $G_{(i)}$ the leaf as a
     matrix whose rows are axis $i$, $\times_i$ the product along axis $i$, $\beta_2$ = ``b2``
     ($\gamma = 1 - \beta_2$, or $\gamma = 1$ when $\beta_2 = 1$: sums, as the paper's Algorithm 1),
-    $\epsilon_H$ = ``matrix_eps``, $\lambda_\text{max}$ the largest eigenvalue of $H_i$:
+    $\epsilon_H$ = ``matrix_eps``, $H_i = Q_i \Lambda_i Q_i^\top$ its eigendecomposition and
+    $\lambda_\text{max}$ its largest eigenvalue:
 
     $$
     \begin{align*}
     H_i &\gets \beta_2 H_i + \gamma\, G_{(i)} G_{(i)}^\top \\
-    P_i &\gets \bigl(H_i + \epsilon_H \lambda_\text{max} I\bigr)^{-1/(2m)} \qquad
+    P_i &\gets Q_i \max(\Lambda_i, \epsilon_H \lambda_\text{max})^{-1/(2m)} Q_i^\top \qquad
     \text{(every } f \text{ steps from } t_0 \text{, else kept)} \\
     D &= G \times_{i_1} P_{i_1} \cdots \times_{i_m} P_{i_m} \\
     u &= \frac{\lVert d \rVert}{\lVert D \rVert}\, D
@@ -218,9 +225,13 @@ def scale_by_shampoo(b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
     flattened: a convolution kernel or a stack of layers keeps the structure of each axis, and each statistic
     stays as small as its axis.
 
-    Numerically: the statistic is symmetrised, negative eigenvalues (round-off) are clamped to 0 and
-    $\epsilon_H \lambda_\text{max}$ added, so a rank-deficient statistic has a finite root; a zero statistic
-    (no gradient yet), or a root that is not finite, keeps the previous root; a zero direction gives $u = 0$.
+    Numerically: the statistic is symmetrised and its eigenvalues clamped from below at
+    $\epsilon_H \lambda_\text{max}$ (those below are float32 round-off, about $10^{-7} \lambda_\text{max}$), so a
+    rank-deficient statistic has a finite root; a zero statistic (no gradient yet), or a root that is not
+    finite, keeps the previous root; a zero direction gives $u = 0$. Even so, float32 roots reproduce to about
+    $10^{-4}$ only: the eigenvectors round at $10^{-7} \lambda_\text{max}$ over the gaps between eigenvalues.
+    Derivatives through the step take the roots as constants (``eigh``'s is not finite where eigenvalues
+    repeat, as in a statistic of rank one).
 
     Args:
         b2: decay of the statistics and of the rmsprop and adam grafts' second moment, in [0, 1]; 1 sums
