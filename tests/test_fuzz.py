@@ -544,6 +544,12 @@ def _polyak_variants(params):
     return st.sampled_from(["sps", "sps+"])
 
 
+@_structural("scale_by_shampoo", "graft", "'\"adagrad\", \"rmsprop\", \"adam\" or \"sgd\"'")
+@_structural("optimizers.shampoo", "graft", "scale_by_shampoo.graft")
+def _shampoo_grafts(params):
+    return st.sampled_from(["adagrad", "rmsprop", "adam", "sgd"])
+
+
 def _structural_for(target: str, option: str):
     return STRUCTURAL.get((target, option)) or STRUCTURAL.get(("*", option))
 

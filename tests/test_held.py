@@ -37,8 +37,13 @@ def test_the_same_numbers_as_the_options_give(name):
     # Held options are float32 arrays, as the options of an object passed into jax.jit are: 1 - b2 is then
     # computed in float32 where a Python float computes it in float64 first (0.001 vs 0.0010000467 for
     # b2 = 0.999), which moves Adam-like steps by up to a few 1e-5 relative.
+    # Shampoo's float32 roots follow such rounding only to about 1e-3 of a leaf's largest step: eigh's
+    # eigenvectors round at about 1e-7 of the largest eigenvalue over the gap, and the inverse root amplifies the
+    # smallest directions (tests/test_shampoo.py holds it to its float64 reference).
+    loose = "shampoo" in name
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
-        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-4, atol=1e-6)
+        atol = 5e-3 * float(np.max(np.abs(b))) if loose and np.size(b) else 1e-6
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-4, atol=atol)
     # Every number option of every stage is in the state, and get_state reads it there.
     labels = [stage.label for stage in held.stages]
     for i, stage in enumerate(held.stages):

@@ -512,6 +512,18 @@ class Update:
         :func:`updax.scale_by_rss`."""
     def scale_by_schedule(self, schedule_fn: ScheduleLike) -> Update:
         """Multiplies updates by ``schedule_fn(count)``. See :func:`updax.scale_by_schedule`."""
+    def scale_by_shampoo(
+        self,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-08,
+        matrix_eps: ScalarOrSchedule = 1e-06,
+        precondition_frequency: int = 10,
+        start_preconditioning_step: int = 1,
+        max_preconditioner_dim: int = 1024,
+        graft: str = 'adam',
+    ) -> Update:
+        """Scales updates by Shampoo: Kronecker-factored inverse roots, the step size a diagonal method's. See
+        :func:`updax.scale_by_shampoo`."""
     def scale_by_shape(self, weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
         """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer). See
         :func:`updax.scale_by_shape`."""

@@ -29,6 +29,7 @@ from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_de
 from updax.optimizers._orthogonal import muon
 from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
+from updax.optimizers._shampoo import shampoo
 from updax.optimizers._sgd import noisy_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
 from updax.optimizers._soap import soap
@@ -45,4 +46,5 @@ __all__ = [
     "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
+    "shampoo",
 ]

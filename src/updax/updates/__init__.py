@@ -61,6 +61,7 @@ from updax.updates._privacy import (
 )
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_shape
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
+from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
 from updax.updates._soap import scale_by_soap
 from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
@@ -139,6 +140,7 @@ __all__ = [
     "scale_by_rprop",
     "scale_by_rss",
     "scale_by_schedule",
+    "scale_by_shampoo",
     "scale_by_shape",
     "scale_by_sign",
     "scale_by_simplified_ademamix",
