@@ -101,6 +101,7 @@ LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
     "lbfgs": "takes the objective's value and its function (a line search)",
     "polyak_sgd": "takes the objective's value",
+    "sophia": "takes the objective's function (Hutchinson's estimate of the Hessian's diagonal)",
 }
 
 

@@ -31,6 +31,7 @@ from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._sgd import noisy_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
+from updax.optimizers._sophia import sophia
 
 __all__ = [
     # Axon's set
@@ -43,4 +44,5 @@ __all__ = [
     "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
+    "sophia",
 ]
