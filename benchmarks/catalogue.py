@@ -102,6 +102,7 @@ LEFT_OUT = {
     "lbfgs": "takes the objective's value and its function (a line search)",
     "polyak_sgd": "takes the objective's value",
     "shampoo": "optax 0.2.8 has no Shampoo",
+    "sophia": "takes the objective's function (Hutchinson's estimate of the Hessian's diagonal)",
 }
 
 

@@ -23,6 +23,7 @@ CASES = {name: (lambda name=name: getattr(ux.optimizers, name)(0.05)) for name i
 CASES["hyperparams_in_state.adamw"] = lambda: ux.hyperparams_in_state(ux.optimizers.adamw(0.05))
 CASES["schedule.adam"] = lambda: ux.optimizers.adam(ux.schedules.cosine_decay(0.05, decay_steps=10))
 CASES["lbfgs"] = lambda: ux.optimizers.lbfgs(0.05, objective=half_squared_norm)  # its line search needs one
+CASES["sophia"] = lambda: ux.optimizers.sophia(0.05, objective=half_squared_norm)  # its Hessian estimate needs one
 
 
 def params():

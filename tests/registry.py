@@ -38,6 +38,13 @@ def half_squared_norm(params):
                jnp.zeros([], jnp.float32))
 
 
+def quartic(params):
+    """``Σ w²/2 + w⁴/4`` over any real tree, in float32: Sophia's objective, whose Hessian, 1 + 3w², depends on
+    the params (so that the gradient tests reach them through it)."""
+    return sum((jnp.sum(p.astype(jnp.float32) ** 2 / 2 + p.astype(jnp.float32) ** 4 / 4)
+                for p in jax.tree.leaves(params)), jnp.zeros([], jnp.float32))
+
+
 ENTRIES = {
     "scale": lambda: ux.scale(-0.5),
     "scale_by_adam": lambda: ux.scale_by_adam(b1=0.8, b2=0.95, eps=1e-8, eps_root=1e-15),
@@ -144,6 +151,9 @@ ENTRIES = {
     # buffers)
     "flat_state": lambda: ux.scale_by_adam().add_decayed_weights(0.01).clip_by_global_norm(1.0).scale(-0.1)
     .flat_state(max_join_size=8, min_joined=1),
+    # (b2=0.6, gamma=1: the estimate of the Hessian, 1 + 3w², brings most ratios inside the clip from step 2 on)
+    "scale_by_sophia": lambda: ux.scale_by_sophia(b1=0.9, b2=0.6, eps=1e-8, gamma=1.0, clip_threshold=5.0,
+                                                  update_interval=2, key=3, objective=quartic),
     "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
         max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
@@ -153,7 +163,8 @@ ENTRIES = {
 NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "scale_by_dowg", "scale_by_cocob",
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
-                "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state"}
+                "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
+                "scale_by_sophia"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",

@@ -51,6 +51,12 @@ def quartic(params):
     return sum((jnp.sum(p**2 / 2 + p**4 / 4) for p in jax.tree.leaves(params)), jnp.zeros([], jnp.float32))
 
 
+def coupled(params):
+    """``quartic`` plus ``(Σ w)²/2``: Sophia's objective, whose Hessian is not diagonal, so that Hutchinson's
+    estimate depends on the Rademacher vectors drawn for each sharded leaf."""
+    return quartic(params) + sum(jnp.sum(p) for p in jax.tree.leaves(params)) ** 2 / 2
+
+
 def _tree(seed):
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda shape: jnp.asarray(rng.normal(size=shape), jnp.float32), SHAPES,
@@ -70,6 +76,7 @@ def targets():
     # is the gradient's times the learning rate, and with 0.1 a step of 1 is on the edge of the curvature test
     # (1 - 0.1 = curv_rtol), a decision the rounding of a sharded sum can flip.
     out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=quartic)
+    out["optimizers.sophia"] = lambda: ux.optimizers.sophia(0.1, objective=coupled)  # (its estimate then needs z)
     del out["flat_state"]  # its state is not shaped like the params: flat_state_on_a_mesh checks it
     return out
 

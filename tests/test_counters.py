@@ -61,7 +61,8 @@ BOUNDED = {
 }
 #: Counters that, past the limit, cycle through their last ``period`` values: (state type, field) -> (stage,
 #: the option holding the period).
-CYCLIC = {("SmaState", "count"): ("sma", "window"), ("SwaState", "count"): ("swa", "period")}
+CYCLIC = {("SmaState", "count"): ("sma", "window"), ("SwaState", "count"): ("swa", "period"),
+          ("ScaleBySophiaState", "count"): ("scale_by_sophia", "update_interval")}
 
 
 @pytest.fixture(autouse=True)

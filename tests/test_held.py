@@ -15,6 +15,7 @@ from registry import ENTRIES, NEEDS_PARAMS, half_squared_norm, nested_tree, upda
 TARGETS = {**ENTRIES, **{f"optimizers.{n}": (lambda n=n: getattr(ux.optimizers, n)(0.05))
                          for n in ux.optimizers.__all__}}
 TARGETS["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.05, objective=half_squared_norm)  # for its line search
+TARGETS["optimizers.sophia"] = lambda: ux.optimizers.sophia(0.05, objective=half_squared_norm)  # for its Hessian
 
 
 def _steps(opt, params, steps=3, jit=True):

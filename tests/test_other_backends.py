@@ -50,6 +50,7 @@ def _by_rank(params):
 OPTIMIZERS = {f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(1e-2))
               for name in ux.optimizers.__all__}
 OPTIMIZERS["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(1e-2, objective=quartic)
+OPTIMIZERS["optimizers.sophia"] = lambda: ux.optimizers.sophia(1e-2, objective=quartic)
 #: CPU paths the registry's options do not reach: a moving average at a decay of one half, and stages that declare
 #: ``state_last`` inside the wrappers.
 EXTRA = {

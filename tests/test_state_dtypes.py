@@ -28,6 +28,7 @@ LOSS = 1.0
 EXTRA = {
     "optimizers.schedule_free_adamw/warmup": lambda: ux.optimizers.schedule_free_adamw(1e-2, warmup_steps=2),
     "optimizers.lbfgs": lambda: ux.optimizers.lbfgs(objective=half_squared_norm),
+    "optimizers.sophia": lambda: ux.optimizers.sophia(objective=half_squared_norm),
 }
 
 

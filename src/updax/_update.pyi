@@ -565,6 +565,22 @@ class Update:
     ) -> Update:
         """Scales updates by SOAP: Adam in the eigenbasis of Shampoo's preconditioner. See
         :func:`updax.scale_by_soap`."""
+    def scale_by_sophia(
+        self,
+        b1: ScalarOrSchedule = 0.965,
+        b2: ScalarOrSchedule = 0.99,
+        eps: ScalarOrSchedule = 1e-08,
+        gamma: ScalarOrSchedule = 0.01,
+        clip_threshold: ScalarOrSchedule | None = 1.0,
+        update_interval: int = 10,
+        key: int | jax.Array = 0,
+        objective: Callable[..., Any] | None = None,
+        *,
+        mu_dtype: DType = None,
+        hessian_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by Sophia's clipped ratio of the momentum to an estimate of the Hessian's diagonal.
+        See :func:`updax.scale_by_sophia`."""
     def scale_by_state(self, step_size: ScalarOrSchedule) -> Update:
         """Multiplies updates by a step size held in state (Axon's tunable learning rate). See
         :func:`updax.scale_by_state`."""

@@ -33,6 +33,7 @@ from updax.optimizers._shampoo import shampoo
 from updax.optimizers._sgd import noisy_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
 from updax.optimizers._soap import soap
+from updax.optimizers._sophia import sophia
 
 __all__ = [
     # Axon's set
@@ -47,4 +48,5 @@ __all__ = [
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
     "shampoo",
+    "sophia",
 ]

@@ -65,6 +65,7 @@ from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
 from updax.updates._soap import scale_by_soap
 from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
+from updax.updates._sophia import scale_by_sophia
 from updax.updates._step_size import (
     reduce_on_plateau,
     scale,
@@ -146,6 +147,7 @@ __all__ = [
     "scale_by_simplified_ademamix",
     "scale_by_sm3",
     "scale_by_soap",
+    "scale_by_sophia",
     "scale_by_state",
     "scale_by_stddev",
     "scale_by_trust_ratio",
