@@ -101,6 +101,7 @@ LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
     "lbfgs": "takes the objective's value and its function (a line search)",
     "polyak_sgd": "takes the objective's value",
+    "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",
 }
 
 
