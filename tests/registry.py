@@ -115,6 +115,7 @@ ENTRIES = {
                                                     graft="adam"),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
+    "scale_by_mars": lambda: ux.scale_by_mars(gamma=0.5, b1=0.9, max_norm=1.0),
     # (clip_value=None, the paper's t^(1/4), is not a number the contract can turn into a constant schedule)
     "scale_by_adopt": lambda: ux.scale_by_adopt(b1=0.9, b2=0.9999, eps=1e-6, clip_value=1.5, nesterov=False,
                                                 use_clipping=True),

@@ -231,6 +231,8 @@ SUPPORTED = {
     "accumulate_gradients", "apply_if_finite", "ema", "sma", "weighted_moving_average", "ema_params", "swa",
     "schedule_free", "freeze", "masked", "partition", "zero_nans", "snapshot", "scale_by_lbfgs",
     "lookahead", "sam", "scale_by_optimistic_gradient", "flat_state",
+    "cautious",  # the sign of Re(u conj(g)) (tests/test_cautious.py)
+    "scale_by_mars",  # |c|² norms, a real factor (tests/test_mars.py)
     # tests/test_adam_variants.py: ADOPT clips the modulus (against the paper's rule in float64); optax 0.2.8's
     # simplified AdEMAMix squares complex updates without the conjugate, its phase is checked here.
     "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix",

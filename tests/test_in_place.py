@@ -55,6 +55,8 @@ OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "lion": optax.lion, "
          "optimistic_gradient_descent": optax.optimistic_gradient_descent, "adopt": optax.contrib.adopt,
          "dadapt_adamw": optax.contrib.dadapt_adamw, "cocob": optax.contrib.cocob,
          "schedule_free_adamw": optax.contrib.schedule_free_adamw}
+#: The declaring optimizers optax 0.2.8 does not have: the counter-case is updax's own step with the order off.
+NOT_IN_OPTAX = ["mars_adamw", "mars_lion"]
 
 
 def step_fn(opt, apply=ux.apply_updates):
@@ -97,8 +99,8 @@ def switch_order_off(patch):
 
 
 def test_the_declaring_optimizers_are_the_ones_optax_copies_for():
-    assert IN_PLACE == sorted(OPTAX)
-    for name in IN_PLACE:
+    assert IN_PLACE == sorted([*OPTAX, *NOT_IN_OPTAX])
+    for name in OPTAX:
         assert copies(OPTAX[name](1e-3), params(), optax.apply_updates), name  # optax's step copies state
 
 

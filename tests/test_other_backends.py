@@ -77,6 +77,8 @@ CPU_PATHS = {
     "optimizers.schedule_free_adamw", *EXTRA,
     # a declared decay (a schedulable option whose domain lies in [0, 1]) at 0.5, made opaque (updax._backend._half)
     "trace_nesterov", "lookahead", "sam", "reduce_on_plateau", "scale_by_rprop", "optimizers.rprop",
+    # MARS reads the previous gradient (state_last), and MARS-Lion has Lion's momentum too
+    "scale_by_mars", "optimizers.mars_adamw", "optimizers.mars_lion",
 }
 
 

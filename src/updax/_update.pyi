@@ -380,6 +380,14 @@ class Update:
     ) -> Update:
         """Scales updates to the sign of an interpolation of momentum and update (Lion). See
         :func:`updax.scale_by_lion`."""
+    def scale_by_mars(
+        self,
+        gamma: ScalarOrSchedule = 0.025,
+        b1: ScalarOrSchedule = 0.95,
+        max_norm: ScalarOrSchedule = 1.0,
+    ) -> Update:
+        """Replaces each update by MARS's variance-reduced gradient, clipped per leaf. See
+        :func:`updax.scale_by_mars`."""
     def scale_by_muon(
         self,
         ns_coeffs: tuple[float, float, float] = ...,

@@ -25,6 +25,7 @@ from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
 from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
+from updax.optimizers._mars import mars_adamw, mars_lion
 from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon
 from updax.optimizers._privacy import dpsgd
@@ -44,6 +45,7 @@ __all__ = [
     "nadamw", "novograd", "optimistic_adam", "optimistic_gradient_descent",
     "ademamix", "adopt", "simplified_ademamix",
     "soap",
+    "mars_adamw", "mars_lion",
     "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",

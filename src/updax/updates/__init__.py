@@ -41,6 +41,7 @@ from updax.updates._linesearch import (
     scale_by_zoom_linesearch,
     value_and_grad_from_state,
 )
+from updax.updates._mars import scale_by_mars
 from updax.updates._masking import freeze, masked, partition
 from updax.updates._lr_free import (
     mechanize,
@@ -128,6 +129,7 @@ __all__ = [
     "scale_by_lbfgs",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_mars",
     "scale_by_muon",
     "scale_by_nadam",
     "scale_by_newton_schulz",
