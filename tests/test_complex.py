@@ -218,7 +218,8 @@ def test_a_real_accumulator_for_complex_params_is_refused_by_name():
 REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_cocob", "mechanize",
             "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
             "scale_by_newton_schulz", "scale_by_muon", "keep_params_nonnegative",
-            "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch"}
+            "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch",
+            "scale_by_shampoo", "scale_by_soap", "scale_by_sophia"}  # eigenbases of real statistics; Hutchinson's signs
 
 SUPPORTED = {
     "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)
