@@ -481,13 +481,20 @@ def _keys(params):
 
 
 #: Coefficients whose Newton-Schulz iteration is known to converge: the default (Jordan's), the cubic
-#: (1.5, -0.5, 0) written as a quintic, and the classical quintic (15/8, -5/4, 3/8).
-_NS_COEFFS = [(3.4445, -4.7750, 2.0315), (1.5, -0.5, 0.0), (1.875, -1.25, 0.375)]
+#: (1.5, -0.5, 0) written as a quintic, and the classical quintic (15/8, -5/4, 3/8); per iteration, Dion's preset
+#: and Jordan's triple then the classical one.
+_NS_COEFFS = [(3.4445, -4.7750, 2.0315), (1.5, -0.5, 0.0), (1.875, -1.25, 0.375), "dion",
+              ((3.4445, -4.7750, 2.0315), (1.875, -1.25, 0.375))]
 
 
 @_structural("*", "ns_coeffs", "'the quintic's coefficients (a, b, c)': no range; coefficient sets that converge")
 def _ns_coeffs(params):
     return st.sampled_from(_NS_COEFFS)
+
+
+@_structural("*", "preconditioning", "a name: 'frobenius', 'spectral', 'aol' or 'schatten'")
+def _preconditionings(params):
+    return st.sampled_from(["frobenius", "spectral", "aol", "schatten"])
 
 
 def _muon_last_two(params):

@@ -55,8 +55,9 @@ def _last_two_optax(params):
     return jax.tree.map(lambda p: optax.contrib.MuonDimensionNumbers(-2, -1) if p.ndim >= 2 else None, params)
 
 
-def _parity(ours, theirs, tree=_tree):
-    """``STEPS`` jitted steps of both on the same params and gradients; every update and the params compared."""
+def _parity(ours, theirs, tree=_tree, tol=TOL):
+    """``STEPS`` jitted steps of both on the same params and gradients; every update and the params compared (to
+    ``tol``); returns the largest difference of an update's element."""
     params = tree(0)
     p1, p2 = params, params
     s1, s2 = ours.init(params), theirs.init(params)
@@ -71,10 +72,10 @@ def _parity(ours, theirs, tree=_tree):
         p1, p2 = ux.apply_updates(p1, u1), optax.apply_updates(p2, u2)
         assert jax.tree.structure(u1) == jax.tree.structure(u2)
         for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
-            np.testing.assert_allclose(x, y, **TOL, err_msg=f"step {t}")
+            np.testing.assert_allclose(x, y, **tol, err_msg=f"step {t}")
             worst = max(worst, float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)))
     for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
-        np.testing.assert_allclose(x, y, **TOL)
+        np.testing.assert_allclose(x, y, **tol)
     return worst
 
 
@@ -340,7 +341,11 @@ _SHARDED = textwrap.dedent("""
         return params, outs, state
 
     builds = {"muon": lambda: ux.optimizers.muon(0.1, adaptive=True, weight_dimension_numbers=DIMS),
-              "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(weight_dimension_numbers=DIMS)}
+              "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(weight_dimension_numbers=DIMS),
+              "muon_spectral": lambda: ux.optimizers.muon(0.1, ns_coeffs="dion", preconditioning="spectral",
+                                                          consistent_rms=0.2, weight_dimension_numbers=DIMS),
+              "scale_by_newton_schulz_aol": lambda: ux.scale_by_newton_schulz(preconditioning="aol",
+                                                                              weight_dimension_numbers=DIMS)}
     for name, build in builds.items():
         _, expected, _ = run(build())
         for axis_type in (AxisType.Explicit, AxisType.Auto):
@@ -362,11 +367,12 @@ _SHARDED = textwrap.dedent("""
 
 
 def test_batches_of_matrices_on_explicit_and_auto_meshes():
+    """Default Muon and Newton-Schulz, and the spectral (an SVD of each gathered matrix) and AOL modes."""
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", _SHARDED], check=False, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"})
     results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert len(results) == 4, done.stderr[-3000:]
+    assert len(results) == 8, done.stderr[-3000:]
     for r in results:
         assert r["problems"] == [], r
         assert r["error"] < 1e-5, r

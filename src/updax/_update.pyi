@@ -390,7 +390,7 @@ class Update:
         :func:`updax.scale_by_mars`."""
     def scale_by_muon(
         self,
-        ns_coeffs: tuple[float, float, float] = ...,
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = ...,
         ns_steps: int = 5,
         beta: ScalarOrSchedule = 0.95,
         eps: ScalarOrSchedule = 1e-08,
@@ -398,6 +398,7 @@ class Update:
         *,
         mu_dtype: DType = None,
         adaptive: bool = False,
+        preconditioning: str = 'frobenius',
         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz. See
@@ -416,10 +417,11 @@ class Update:
         :func:`updax.scale_by_nadam`."""
     def scale_by_newton_schulz(
         self,
-        ns_coeffs: tuple[float, float, float] = ...,
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = ...,
         ns_steps: int = 5,
         eps: ScalarOrSchedule = 1e-08,
         *,
+        preconditioning: str = 'frobenius',
         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
     ) -> Update:
         """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step). See
@@ -532,9 +534,13 @@ class Update:
     ) -> Update:
         """Scales updates by Shampoo: Kronecker-factored inverse roots, the step size a diagonal method's. See
         :func:`updax.scale_by_shampoo`."""
-    def scale_by_shape(self, weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-        """Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer). See
-        :func:`updax.scale_by_shape`."""
+    def scale_by_shape(
+        self,
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+        consistent_rms: ScalarOrSchedule | None = None,
+    ) -> Update:
+        """Scales each matrix update by Muon's width factor ``sqrt(max(1, fan_out / fan_in))``, or to an RMS.
+        See :func:`updax.scale_by_shape`."""
     def scale_by_sign(self) -> Update:
         """Replaces each update by its sign (signSGD; after an EMA, signum). See :func:`updax.scale_by_sign`."""
     def scale_by_simplified_ademamix(

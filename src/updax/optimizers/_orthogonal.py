@@ -50,29 +50,41 @@ def _labels(weight_dimension_numbers: Any) -> Any:
 
 
 @optimizer
-def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
-         ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0,
-         *, nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
+def muon(learning_rate: ScalarOrSchedule = 0.02,
+         ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = (
+             3.4445, -4.7750, 2.0315),
+         ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8,
+         decay: ScalarOrSchedule = 0.0, *,
+         nesterov: bool = True, mu_dtype: DType = None, adam_b1: ScalarOrSchedule = 0.9,
          adam_b2: ScalarOrSchedule = 0.999, adam_eps_root: ScalarOrSchedule = 0.0, adam_decay: ScalarOrSchedule = 0.0,
          adam_learning_rate: ScalarOrSchedule | None = None, mask: PyTree | Callable[[PyTree],
-         PyTree] | None = None, adaptive: bool = False,
+         PyTree] | None = None, adaptive: bool = False, preconditioning: str = "frobenius",
+         consistent_rms: ScalarOrSchedule | None = None,
          weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
          cautious_decay: bool = False, maximize: bool = False) -> Update:
-    """Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
+    r"""Muon: Newton-Schulz-orthogonalised momentum for matrices, (N)AdamW for every other leaf.
 
-    Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape() |> add_decayed_weights(decay)
+    Pipeline: ``partition({"muon": scale_by_muon(...) |> scale_by_shape(...) |> add_decayed_weights(decay)
     |> scale_by_learning_rate(lr), "adam": scale_by_nadam(...) |> add_decayed_weights(adam_decay)
     |> scale_by_learning_rate(adam_lr)}, labels)`` with 2-D leaves labelled
     ``"muon"`` (input dimension first) and the rest ``"adam"`` (plain Adam
     when ``nesterov=False``). With ``weight_dimension_numbers`` the leaves
     that have dimension numbers are ``"muon"`` (batches of matrices, e.g.
     stacked layers) and those with None are ``"adam"``; ``scale_by_muon``
-    and ``scale_by_shape`` take the same dimension numbers.
+    and ``scale_by_shape`` take the same dimension numbers. The options are
+    optax.contrib.muon's (``weight_decay`` is ``decay``,
+    ``muon_weight_dimension_numbers`` is ``weight_dimension_numbers``),
+    except that ``mask`` reaches both groups' decays where optax's
+    ``weight_decay_mask`` reaches the matrices' only.
 
     Args:
         learning_rate: a number >= 0 or a schedule (Keller Jordan's 0.02). Default: ``0.02``.
-        ns_coeffs: the quintic Newton-Schulz coefficients. Default: ``(3.4445, -4.775, 2.0315)``.
-        ns_steps: Newton-Schulz iterations, an integer in [1, 100]. Default: ``5``.
+        ns_coeffs: the quintic Newton-Schulz coefficients: a triple for
+            every iteration, a tuple of triples (one per iteration;
+            ``ns_steps`` is then ignored), or ``"standard"`` or ``"dion"``
+            (see :func:`updax.scale_by_newton_schulz`).
+            Default: ``(3.4445, -4.775, 2.0315)``.
+        ns_steps: Newton-Schulz iterations of one triple, an integer in [1, 100]. Default: ``5``.
         beta: momentum decay. Default: ``0.95``.
         eps: Newton-Schulz normalisation and Adam's denominator term. Default: ``1e-08``.
         decay: decoupled weight decay of the matrices. Default: ``0.0``.
@@ -91,6 +103,15 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
         adaptive: scale each orthogonalised matrix by ``⟨m̂, u⟩``, about the
             nuclear norm of the momentum (see :func:`updax.scale_by_muon`).
             Default: ``False``.
+        preconditioning: how each matrix is scaled before or in the first
+            Newton-Schulz iteration: ``"frobenius"``, ``"spectral"``,
+            ``"aol"`` or ``"schatten"`` (see
+            :func:`updax.scale_by_newton_schulz`). Default: ``"frobenius"``.
+        consistent_rms: None for Muon's width factor
+            $\sqrt{\max(1, n / m)}$, or the RMS $\rho$ each matrix's update is
+            scaled to, by $\rho \sqrt{\max(m, n)}$ (Moonlight's; 0.2 matches
+            AdamW's), >= 0 or a schedule (see :func:`updax.scale_by_shape`).
+            Default: ``None``.
         weight_dimension_numbers: which leaves get Muon and which of their
             axes form the matrix: a pytree of :class:`MuonDimensionNumbers`
             (Muon) or None (Adam) shaped like the params or a prefix of them,
@@ -114,18 +135,24 @@ def muon(learning_rate: ScalarOrSchedule = 0.02, ns_coeffs: tuple[float, float, 
         >>> stacked = {"layers": ux.MuonDimensionNumbers(1, 2), "bias": None}  # layers of shape (depth, in, out)
         >>> ux.optimizers.muon(weight_dimension_numbers=stacked).stages[0].option("labels")
         {'bias': 'adam', 'layers': 'muon'}
+        >>> opt = ux.optimizers.muon(preconditioning="aol", consistent_rms=0.2)
+        >>> matrices = opt.stages[0].option("transforms")["muon"]
+        >>> matrices.stages[0].option("preconditioning"), matrices.stages[1]
+        ('aol', scale_by_shape(consistent_rms=0.2))
 
     References:
         Jordan et al., "Muon: An optimizer for hidden layers in neural
         networks", 2024. https://kellerjordan.github.io/posts/muon/;
         Bernstein & Newhouse, "Old Optimizer, New Norm: An Anthology", 2024.
-        https://arxiv.org/abs/2409.20325
+        https://arxiv.org/abs/2409.20325; Liu et al., "Muon is Scalable for
+        LLM Training", 2025. https://arxiv.org/abs/2502.16982
     """
     adam_learning_rate = learning_rate if adam_learning_rate is None else adam_learning_rate
     dims = dimension_numbers("muon", weight_dimension_numbers)
     matrices = (scale_by_muon(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov,
-                              mu_dtype=mu_dtype, adaptive=adaptive, weight_dimension_numbers=dims)
-                .scale_by_shape(weight_dimension_numbers=dims)
+                              mu_dtype=mu_dtype, adaptive=adaptive, preconditioning=preconditioning,
+                              weight_dimension_numbers=dims)
+                .scale_by_shape(weight_dimension_numbers=dims, consistent_rms=consistent_rms)
                 .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     adam_like = scale_by_nadam if nesterov else scale_by_adam

@@ -24,6 +24,14 @@ from updax.updates._muon_dims import DIMENSION_NUMBERS, fans, leaf_axes, on_matr
 # The quintic Newton–Schulz coefficients of Muon (Jordan et al., 2024).
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
+#: Named coefficients, as optax.contrib.muon names them: Muon's triple, and Dion's five per-step triples
+#: (Ahn et al., 2025).
+NS_PRESETS = {
+    "standard": _NS_COEFFS,
+    "dion": ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+             (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)),
+}
+
 
 class ScaleByMuonState(NamedTuple):
     """The momentum ``mu`` and the steps taken ``count``."""
@@ -33,16 +41,51 @@ class ScaleByMuonState(NamedTuple):
 
 
 _NS_COEFFS_TEXT = "must be a tuple of three finite real numbers"
+_NS_FORMS_TEXT = ("must be a tuple of three finite real numbers, a tuple of such triples (one per iteration, "
+                  f"at most 100), or a preset's name ({' or '.join(map(repr, NS_PRESETS))})")
+
+
+def _triple(call, name, whole, value, text):
+    """Three finite real numbers, stored as a tuple (refused naming ``whole``, the option as given)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        fail(call, name, whole, text, TypeError)
+    try:
+        return tuple(ANY_REAL.check(call, name, k) for k in value)
+    except (TypeError, ValueError) as error:  # (named with the whole option, not the one number)
+        fail(call, name, whole, text, type(error))
 
 
 def _ns_coeffs(call, name, value):
-    """Three finite real numbers, stored as a tuple."""
-    if not isinstance(value, (tuple, list)) or len(value) != 3:
-        fail(call, name, value, _NS_COEFFS_TEXT, TypeError)
-    try:
-        return tuple(ANY_REAL.check(call, name, k) for k in value)
-    except (TypeError, ValueError) as error:  # (named with the whole tuple, not the one number)
-        fail(call, name, tuple(value), _NS_COEFFS_TEXT, type(error))
+    """A triple, a tuple of per-iteration triples, or a preset's name: stored as numbers."""
+    if isinstance(value, str):
+        if value not in NS_PRESETS:
+            fail(call, name, value, _NS_FORMS_TEXT)
+        return NS_PRESETS[value]
+    if not isinstance(value, (tuple, list)):
+        fail(call, name, value, _NS_FORMS_TEXT, TypeError)
+    if value and all(isinstance(k, (tuple, list)) for k in value):
+        if len(value) > MAX_NS_STEPS:
+            fail(call, name, value, _NS_FORMS_TEXT)
+        return tuple(_triple(call, name, value, k, _NS_FORMS_TEXT) for k in value)
+    return _triple(call, name, value, value, _NS_COEFFS_TEXT)
+
+
+#: How a matrix is brought under spectral norm 1 before (or in) the first iteration; ``"frobenius"`` is stored
+#: as None (the option was added after the stages shipped: their pipelines print as before).
+PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
+_PRECONDITIONING_TEXT = "must be " + " or ".join(map(repr, PRECONDITIONINGS))
+
+
+def _preconditioning(call, name, value):
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in PRECONDITIONINGS:
+        fail(call, name, value, _PRECONDITIONING_TEXT, ValueError if isinstance(value, str) else TypeError)
+    return None if value == "frobenius" else value
+
+
+def _none_or_non_negative(call, name, value):
+    return None if value is None else NON_NEGATIVE.check(call, name, value, schedulable=True)
 
 
 #: Newton-Schulz iterations are unrolled into the compiled step, so their number is bounded (5 is usual).
@@ -50,9 +93,11 @@ MAX_NS_STEPS = 100
 
 #: What the options of the orthogonalising stages hold.
 _MUON_DOMAINS = dict(
-    ns_coeffs=Valid(rule=_ns_coeffs, text=_NS_COEFFS_TEXT, values=ANY_REAL),
+    ns_coeffs=Valid(rule=_ns_coeffs, text=_NS_FORMS_TEXT, values=ANY_REAL),
     ns_steps=Integer(1, MAX_NS_STEPS, why=" (each iteration is unrolled into the compiled step)"),
     beta=UNIT, eps=NON_NEGATIVE, nesterov=Flag(), mu_dtype=FloatDtype(), adaptive=Flag(late=True),
+    preconditioning=Valid(rule=_preconditioning, text=_PRECONDITIONING_TEXT),
+    consistent_rms=Valid(rule=_none_or_non_negative, text="must be None or in [0, inf)", values=NON_NEGATIVE),
     weight_dimension_numbers=DIMENSION_NUMBERS)
 
 
@@ -60,18 +105,54 @@ def _domains(options):
     return {k: _MUON_DOMAINS[k] for k in options}
 
 
-def _newton_schulz(x, ns_coeffs, ns_steps, eps):
-    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on each matrix of a batch ``(..., m, n)``, from
-    ``x / (‖x‖_F + eps)``. (On a mesh, :func:`on_matrices` gathers the matrix axes first: the products contract
-    them.)"""
-    a, b, c = (jnp.asarray(k, x.dtype) for k in ns_coeffs)
+def _per_iteration(ns_coeffs, ns_steps):
+    """The coefficients of each iteration: the one triple ``ns_steps`` times, or the per-iteration triples."""
+    return tuple(ns_coeffs) if isinstance(ns_coeffs[0], (tuple, list)) else (ns_coeffs,) * ns_steps
+
+
+def _first_rescaled(x, gram, preconditioning, eps):
+    """``x`` and ``gram = x xᵀ`` rescaled in the first iteration: AOL's row scaling ``D = diag(max(Σⱼ|Aᵢⱼ|,
+    eps))^(-1/2)`` (``x ← D x``, ``A ← D A D``), or by the Schatten-4 norm ``s = max(‖A‖_F, eps)^(1/2)``
+    (``x ← x / s``, ``A ← A / s²``)."""
+    if preconditioning == "aol":
+        s = jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.abs(gram), axis=-1, keepdims=True), eps))
+        return x * s, gram * s * jnp.swapaxes(s, -1, -2)
+    s = jax.lax.rsqrt(jnp.maximum(safe_sqrt(jnp.sum(abs_sq(gram), axis=(-2, -1), keepdims=True)), eps))
+    return x * s, gram * s**2
+
+
+#: Above this largest entry a matrix's ``x xᵀ`` could overflow float32 (2^127) before AOL's or the Schatten rescaling.
+_LARGE = 2.0**40
+
+
+def _shrunk(x):
+    """``x`` over a power of two that brings its largest entry into [0.5, 1), where ``x xᵀ`` could overflow;
+    ``x`` itself otherwise. AOL's and the Schatten-4 rescalings do not depend on ``x``'s scale, and a power of
+    two changes no rounding."""
+    largest = jnp.max(jnp.abs(x), axis=(-2, -1), keepdims=True)
+    return jnp.where(largest > _LARGE, jnp.ldexp(x, -jnp.frexp(largest)[1]), x)
+
+
+def _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning=None):
+    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on each matrix of a batch ``(..., m, n)``, from ``x``
+    brought under spectral norm 1 as ``preconditioning`` says (None: ``x / (‖x‖_F + eps)``). (On a mesh,
+    :func:`on_matrices` gathers the matrix axes first: the products contract them.)"""
+    if x.size == 0:
+        return x
     tall = x.shape[-2] > x.shape[-1]
     if tall:  # the iteration commutes with transposition: work with the smaller Gram matrix
         x = jnp.swapaxes(x, -1, -2)
-    # jnp.linalg.norm of each matrix, with a finite gradient at x = 0
-    x = x / (safe_sqrt(jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)) + eps)
-    for _ in range(ns_steps):
+    if preconditioning is None:  # jnp.linalg.norm of each matrix, with a finite gradient at x = 0
+        x = x / (safe_sqrt(jnp.sum(abs_sq(x), axis=(-2, -1), keepdims=True)) + eps)
+    elif preconditioning == "spectral":  # the largest singular value of each matrix
+        x = x / (jnp.linalg.norm(x, ord=2, axis=(-2, -1), keepdims=True) + eps)
+    else:
+        x = _shrunk(x)
+    for i, coeffs in enumerate(_per_iteration(ns_coeffs, ns_steps)):
+        a, b, c = (jnp.asarray(k, x.dtype) for k in coeffs)
         gram = x @ jnp.swapaxes(x, -1, -2)
+        if i == 0 and preconditioning in ("aol", "schatten"):
+            x, gram = _first_rescaled(x, gram, preconditioning, eps)
         x = a * x + (b * gram + c * gram @ gram) @ x
     return jnp.swapaxes(x, -1, -2) if tall else x
 
@@ -82,7 +163,8 @@ def _dual_scaled(m, o):
     return jnp.sum(m * o, axis=(-2, -1), keepdims=True) * o
 
 
-def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, weight_dimension_numbers=None):
+def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, preconditioning=None,
+                                  weight_dimension_numbers=None):
     call = "scale_by_newton_schulz"
     real_only(call, updates)
     leaves, treedef = jax.tree.flatten(updates)
@@ -91,28 +173,31 @@ def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, 
         if axes is None:
             return g
         c = _tree.compute_dtype(g.dtype)
-        return on_matrices(lambda x: _newton_schulz(x, ns_coeffs, ns_steps, eps), g.astype(c), axes).astype(g.dtype)
+        return on_matrices(lambda x: _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning), g.astype(c),
+                           axes).astype(g.dtype)
 
     axes = leaf_axes(call, weight_dimension_numbers, updates, params)
     return treedef.unflatten([leaf(g, a) for g, a in zip(leaves, axes)])
 
 
 @combinator
-def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
-                           eps: ScalarOrSchedule = 1e-8, *,
-                           weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+def scale_by_newton_schulz(
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = _NS_COEFFS,
+        ns_steps: int = 5, eps: ScalarOrSchedule = 1e-8, *, preconditioning: str = "frobenius",
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     r"""Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step).
 
     Update rule, for each matrix $u$ (a leaf with two axes, or each matrix
     of a leaf that ``weight_dimension_numbers`` makes a batch of them; other
-    leaves pass unchanged), with $(a, b, c)$ = ``ns_coeffs``, $\epsilon$ = ``eps``, $N$ = ``ns_steps``;
+    leaves pass unchanged), with $(a_k, b_k, c_k)$ the coefficients of iteration $k$ of $N$ (``ns_coeffs``
+    for each of ``ns_steps`` iterations, or one triple per iteration), $\epsilon$ = ``eps``;
     a matrix with more rows than columns is transposed first and back after, as the
     iteration commutes with transposition:
 
     $$
     \begin{align*}
     X &\gets u / (\lVert u \rVert_F + \epsilon) \\
-    X &\gets a X + \bigl(b\, X X^\top + c\, (X X^\top)^2\bigr) X \qquad (N \text{ times}) \\
+    A &= X X^\top, \quad X \gets a_k X + (b_k A + c_k A^2)\, X \qquad (k = 1, \dots, N) \\
     u &= X
     \end{align*}
     $$
@@ -121,12 +206,39 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
     $u = U S V^\top$: they push every singular value into roughly [0.7, 1.2] in
     few steps, which is what Muon needs.
 
+    The first line, ``preconditioning="frobenius"``, brings every singular value into [0, 1], where the
+    iteration works. ``"spectral"`` divides by the largest singular value instead,
+    $X \gets u / (\lVert u \rVert_2 + \epsilon)$ (an SVD of each matrix: the largest lands at 1, and the
+    others above where the Frobenius norm would put them). ``"aol"`` and ``"schatten"`` drop the first
+    line and rescale within the first iteration, from the $A$ it computes anyway. ``"aol"`` scales the
+    rows, $X \gets D X$ and $A \gets D A D$ with $D = \operatorname{diag}(r)^{-1/2}$,
+    $r_i = \max(\sum_j |A_{ij}|, \epsilon)$: AOL's rescaling, which bounds the spectral norm by 1
+    (Turbo-Muon finds it saves about one iteration); the rows rescaled, the iteration tends to the polar
+    factor of $D X$, not of $X$. ``"schatten"`` divides by the Schatten-4 norm of $X$, $X \gets X / s$ and
+    $A \gets A / s^2$ with $s = \max(\lVert A \rVert_F, \epsilon)^{1/2}$. These are optax.contrib's
+    ``preconditioning`` modes; optax floors the last two at 1e-8 whatever its ``eps``.
+
+    A zero matrix stays zero in every mode (with ``eps`` > 0; with 0 it gives NaN), and so does a zero
+    row. ``"aol"`` and ``"schatten"`` first divide a matrix whose largest entry passes $2^{40}$ by a power
+    of two (their rescalings do not depend on its scale; optax's $A$ overflows there, giving NaN);
+    ``"frobenius"`` gives a zero update where the sum of squares overflows float32 (entries near 1e19).
+
     Args:
-        ns_coeffs: the quintic's coefficients $(a, b, c)$, three finite
-            real numbers. Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, an integer in [1, 100] (each is
-            unrolled into the compiled step). Default: ``5``.
-        eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
+        ns_coeffs: the quintic's coefficients: one triple $(a, b, c)$ of
+            finite real numbers for every iteration; a tuple of triples, one
+            per iteration (at most 100; ``ns_steps`` is then ignored); or a
+            preset's name, ``"standard"`` (the default triple) or ``"dion"``
+            (Dion's five triples), stored as its numbers.
+            Default: ``(3.4445, -4.7750, 2.0315)``.
+        ns_steps: the number of iterations of one triple, an integer in
+            [1, 100] (each is unrolled into the compiled step). Default: ``5``.
+        eps: added to the norm (``"frobenius"``, ``"spectral"``), or the
+            floor of the row sums (``"aol"``) or of $\lVert A \rVert_F$
+            (``"schatten"``), >= 0. Default: ``1e-8``.
+        preconditioning: how each matrix is scaled before or in the first
+            iteration: ``"frobenius"``, ``"spectral"``, ``"aol"`` or
+            ``"schatten"`` (see above); static, and it prints only when not
+            ``"frobenius"``. Default: ``"frobenius"``.
         weight_dimension_numbers: which leaves are matrices and which of
             their axes: a pytree of :class:`MuonDimensionNumbers` or None (not
             a matrix) shaped like the updates or a prefix of them, or a
@@ -151,15 +263,30 @@ def scale_by_newton_schulz(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, n
                [0.   , 0.   ]], dtype=float32)
         >>> u["b"]
         Array([5.], dtype=float32)
+        >>> aol = ux.scale_by_newton_schulz(ns_coeffs="dion", preconditioning="aol")
+        >>> aol.update(g, aol.init(None))[0]["w"]  # rows scaled to norm 1 first; Dion's triples land nearer 1
+        Array([[0.9783, 0.    ],
+               [0.    , 0.9783],
+               [0.    , 0.    ]], dtype=float32)
 
     References:
         Jordan et al., "Muon: An optimizer for hidden layers in neural
-        networks", 2024. https://kellerjordan.github.io/posts/muon/
+        networks", 2024. https://kellerjordan.github.io/posts/muon/;
+        Ahn et al., "Dion: Distributed Orthonormalized Updates", 2025.
+        https://arxiv.org/abs/2504.05295;
+        Boissin et al., "Turbo-Muon: Accelerating Orthogonality-Based
+        Optimization with Pre-Conditioning", 2025.
+        https://arxiv.org/abs/2512.04632;
+        Grishina et al., "Accelerating Newton-Schulz Iteration for
+        Orthogonalization via Chebyshev-type Polynomials", 2025.
+        https://arxiv.org/abs/2506.10935
     """
-    options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, eps=eps, weight_dimension_numbers=weight_dimension_numbers)
+    options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, eps=eps, preconditioning=preconditioning,
+                   weight_dimension_numbers=weight_dimension_numbers)
     # The number of iterations unrolls into the compiled step, and the axes shape it: structure, not data.
     return stateless(_apply_scale_by_newton_schulz, name="scale_by_newton_schulz", options=options,
-                     domains=_domains(options), static=("ns_steps", "weight_dimension_numbers"), schedulable=("eps",))
+                     domains=_domains(options), static=("ns_steps", "preconditioning", "weight_dimension_numbers"),
+                     schedulable=("eps",))
 
 
 # --------------------------------------------------------------------------
@@ -171,7 +298,7 @@ def _init_scale_by_muon(params, *, mu_dtype):
 
 
 def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov, adaptive=None,
-                         weight_dimension_numbers=None):
+                         preconditioning=None, weight_dimension_numbers=None):
     call = "scale_by_muon"
     real_only(call, updates)
     _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
@@ -180,7 +307,7 @@ def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, e
     correction, next_correction = 1 - beta**t, 1 - beta ** (t + 1)
 
     def orthogonalised(m_hat):
-        o = _newton_schulz(m_hat, ns_coeffs, ns_steps, eps)
+        o = _newton_schulz(m_hat, ns_coeffs, ns_steps, eps, preconditioning)
         return _dual_scaled(m_hat, o) if adaptive else o
 
     def leaf(g, m, axes):  # in the compute dtype (at least float32); stored in g's and m's dtypes
@@ -201,10 +328,11 @@ def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, e
 
 
 @combinator
-def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: int = 5,
-                  beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, nesterov: bool = True, *,
-                  mu_dtype: DType = None, adaptive: bool = False,
-                  weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+def scale_by_muon(
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = _NS_COEFFS,
+        ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, eps: ScalarOrSchedule = 1e-8, nesterov: bool = True, *,
+        mu_dtype: DType = None, adaptive: bool = False, preconditioning: str = "frobenius",
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
     r"""Scales updates by Muon: bias-corrected momentum, orthogonalized by Newton–Schulz.
 
     Update rule, for step $t$ (counting from 1), with $\beta$ = ``beta``, then
@@ -232,17 +360,27 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
     their steps (they agree on leaves with two axes).
 
     Args:
-        ns_coeffs: the quintic's coefficients ``(a, b, c)``, three finite
-            real numbers. Default: ``(3.4445, -4.7750, 2.0315)``.
-        ns_steps: the number of iterations, an integer in [1, 100] (each is
-            unrolled into the compiled step). Default: ``5``.
+        ns_coeffs: the quintic's coefficients, as in
+            :func:`scale_by_newton_schulz`: one triple ``(a, b, c)`` of finite
+            real numbers for every iteration, a tuple of triples (one per
+            iteration, at most 100; ``ns_steps`` is then ignored), or a
+            preset's name, ``"standard"`` or ``"dion"``.
+            Default: ``(3.4445, -4.7750, 2.0315)``.
+        ns_steps: the number of iterations of one triple, an integer in
+            [1, 100] (each is unrolled into the compiled step). Default: ``5``.
         beta: decay of the momentum, in [0, 1). Default: ``0.95``.
-        eps: added to the Frobenius norm, >= 0. Default: ``1e-8``.
+        eps: added to the norm that scales each matrix before the iteration,
+            or the floor of the first iteration's rescaling (see
+            :func:`scale_by_newton_schulz`), >= 0. Default: ``1e-8``.
         nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
         adaptive: scale each orthogonalised matrix by $\langle \hat m, u \rangle$; it prints
             only when True. Default: ``False``.
+        preconditioning: how each matrix is scaled before or in the first
+            iteration, ``"frobenius"``, ``"spectral"``, ``"aol"`` or
+            ``"schatten"`` (see :func:`scale_by_newton_schulz`); static, and
+            it prints only when not ``"frobenius"``. Default: ``"frobenius"``.
         weight_dimension_numbers: which leaves are matrices and which of
             their axes, as in :func:`scale_by_newton_schulz`: a pytree of
             :class:`MuonDimensionNumbers` or None, or a function of the params
@@ -268,12 +406,14 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
         Jordan et al., "Muon: An optimizer for hidden layers in neural
         networks", 2024. https://kellerjordan.github.io/posts/muon/;
         Bernstein & Newhouse, "Old Optimizer, New Norm: An Anthology", 2024.
-        https://arxiv.org/abs/2409.20325
+        https://arxiv.org/abs/2409.20325; for ``ns_coeffs`` and
+        ``preconditioning``, those of :func:`scale_by_newton_schulz`.
     """
     options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, nesterov=nesterov, mu_dtype=mu_dtype,
-                   adaptive=adaptive, weight_dimension_numbers=weight_dimension_numbers)
+                   adaptive=adaptive, preconditioning=preconditioning,
+                   weight_dimension_numbers=weight_dimension_numbers)
     return stateful(_init_scale_by_muon, _apply_scale_by_muon, name="scale_by_muon", options=options,
-                    domains=_domains(options), static=("ns_steps", "weight_dimension_numbers"),
+                    domains=_domains(options), static=("ns_steps", "preconditioning", "weight_dimension_numbers"),
                     schedulable=("beta", "eps"))
 
 
@@ -281,35 +421,52 @@ def scale_by_muon(ns_coeffs: tuple[float, float, float] = _NS_COEFFS, ns_steps: 
 # Muon's width transfer
 
 
-def _shape_scale(g, axes):
+def _shape_scale(g, axes, consistent_rms):
     if axes is None:
         return g
     fan_in, fan_out = fans(g, axes)
     if fan_in == 0 or g.size == 0:  # (a zero-size matrix has nothing to scale, and fan_in may be 0)
         return g
+    if consistent_rms is not None:
+        return scaled(g, max(fan_in, fan_out) ** 0.5 * consistent_rms)
     return scaled(g, max(1.0, fan_out / fan_in) ** 0.5)
 
 
-def _apply_scale_by_shape(updates, params, *, weight_dimension_numbers=None):
+def _apply_scale_by_shape(updates, params, *, weight_dimension_numbers=None, consistent_rms=None):
     leaves, treedef = jax.tree.flatten(updates)
     axes = leaf_axes("scale_by_shape", weight_dimension_numbers, updates, params)
-    return treedef.unflatten([_shape_scale(g, a) for g, a in zip(leaves, axes)])
+    return treedef.unflatten([_shape_scale(g, a, consistent_rms) for g, a in zip(leaves, axes)])
 
 
 @combinator
-def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    r"""Scales each matrix update by ``sqrt(max(1, fan_out / fan_in))`` (Muon's width transfer).
+def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+                   consistent_rms: ScalarOrSchedule | None = None) -> Update:
+    r"""Scales each matrix update by Muon's width factor ``sqrt(max(1, fan_out / fan_in))``, or to an RMS.
 
     Update rule: $u \gets u \sqrt{\max(1, n / m)}$ for a 2-D leaf of shape
     $(m, n)$ (input dimension first); other leaves pass unchanged. With
     ``weight_dimension_numbers``, $m$ is the size of a leaf's reduction
     axes and $n$ of its output axes (one factor for the whole batch).
 
+    With ``consistent_rms`` = $\rho$ the factor is Moonlight's instead (Liu et al.):
+
+    $$
+    u \gets \rho \sqrt{\max(m, n)}\, u
+    $$
+
+    An orthogonalised $m \times n$ matrix has $\min(m, n)$ singular values
+    near 1, so a root mean square near $1 / \sqrt{\max(m, n)}$: scaled, every
+    matrix's update has an RMS near $\rho$ whatever its shape (0.2 matches
+    AdamW's, so AdamW's learning rate and weight decay carry over).
+
     Args:
         weight_dimension_numbers: which leaves are matrices and which of
             their axes, as in :func:`scale_by_newton_schulz`: a pytree of
             :class:`MuonDimensionNumbers` or None, or a function of the params
             returning one; None makes every leaf with two axes a matrix.
+            Default: ``None``.
+        consistent_rms: the RMS $\rho$ to scale each matrix update to,
+            None or >= 0 (or a schedule); None takes the width factor.
             Default: ``None``.
 
     Returns:
@@ -321,12 +478,16 @@ def scale_by_shape(weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree]
         >>> opt = ux.scale_by_shape()
         >>> opt.update({"w": jnp.ones((2, 8)), "b": jnp.ones(8)}, opt.init(None))[0]["w"][0, 0]
         Array(2., dtype=float32)
+        >>> rms = ux.scale_by_shape(consistent_rms=0.2)
+        >>> rms.update({"w": jnp.ones((2, 8)), "b": jnp.ones(8)}, rms.init(None))[0]["w"][0, 0]  # 0.2·√8
+        Array(0.5657, dtype=float32)
 
     References:
         Jordan et al., "Muon: An optimizer for hidden layers in neural
         networks", 2024 (the shape factor of Muon's update), as applied by
-        optax.contrib.muon.
+        optax.contrib.muon; Liu et al., "Muon is Scalable for LLM
+        Training", 2025. https://arxiv.org/abs/2502.16982
     """
-    options = dict(weight_dimension_numbers=weight_dimension_numbers)
+    options = dict(weight_dimension_numbers=weight_dimension_numbers, consistent_rms=consistent_rms)
     return stateless(_apply_scale_by_shape, name="scale_by_shape", options=options, domains=_domains(options),
-                     static=("weight_dimension_numbers",))
+                     static=("weight_dimension_numbers",), schedulable=("consistent_rms",))
