@@ -96,7 +96,8 @@ OPTIONS = {
 #: The pairs of both tables, by name.
 ALL = {**CATALOGUE, **OPTIONS}
 
-#: The optimizers left out, and why: their ``update`` needs more than the gradients, the state and the params.
+#: The optimizers left out, and why: their ``update`` needs more than the gradients, the state and the params,
+#: or optax has no such rule.
 LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
     "lbfgs": "takes the objective's value and its function (a line search)",
