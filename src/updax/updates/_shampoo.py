@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, Count, Integer, NonNegativeField, OneOf, Real, Relation
+from updax._domains import NON_NEGATIVE, POSITIVE, Count, Integer, NonNegativeField, OneOf, Real
 from updax._primitives import stateful
 from updax._typing import ScalarOrSchedule
 from updax._update import Update
@@ -28,8 +28,9 @@ class ScaleByShampooState(NamedTuple):
 
     ``stats`` and ``roots`` hold, for each leaf, a tuple of one entry per axis: for a preconditioned axis of
     size $n$ the $n \times n$ statistic and its inverse root (the identity until the first refresh), for any
-    other axis a one-element zero. ``nu`` is the graft's accumulator of $g^2$, shaped like the leaf (a
-    one-element zero for ``graft="sgd"``).
+    other axis a one-element zero; on a mesh their rows are split as the leaf's axis is (the products gather
+    the leaf). ``nu`` is the graft's accumulator of $g^2$, shaped like the leaf (a one-element zero for
+    ``graft="sgd"``).
     """
 
     stats: Any
@@ -41,15 +42,9 @@ class ScaleByShampooState(NamedTuple):
 _GRAFTS = ("adagrad", "rmsprop", "adam", "sgd")
 
 
-def _moment_graft(graft, b2):
-    """rmsprop's and adam's second moment averages ``g²`` with ``b2``: ``b2 = 1`` would keep it at 0."""
-    return graft in ("adagrad", "sgd") or b2 < 1
-
-
 _SHAMPOO_DOMAINS = dict(b2=Real(0.0, 1.0), eps=NON_NEGATIVE, matrix_eps=POSITIVE, precondition_frequency=Integer(1),
                         start_preconditioning_step=Integer(1), max_preconditioner_dim=Integer(1),
                         graft=OneOf(_GRAFTS))
-_SHAMPOO_RELATIONS = (Relation(("graft", "b2"), _moment_graft, "graft='rmsprop' and graft='adam' need b2 < 1"),)
 
 
 #: The products of statistics and roots in full float32 (not TF32 or bfloat16 passes on an accelerator).
@@ -113,7 +108,7 @@ def _inverse_root(stat, old, exponent, matrix_eps):
     The root is a constant to derivatives through the step: ``eigh``'s derivative is not finite where eigenvalues
     repeat (a statistic of rank one has them), and a preconditioner is not what one differentiates a step by.
     """
-    h = jax.lax.stop_gradient((stat + stat.T) / 2)
+    h, matrix_eps = jax.lax.stop_gradient(((stat + stat.T) / 2, matrix_eps))
     lam, q = jnp.linalg.eigh(h)
     lam_max = jnp.max(lam)
     floor = jnp.maximum(matrix_eps * lam_max, jnp.finfo(lam.dtype).tiny)
@@ -131,6 +126,9 @@ def _apply_scale_by_shampoo(updates, state, params, *, b2, eps, matrix_eps, prec
     # b2 = 1 sums, b2 < 1 averages (decided here for a number, traced for an array or a schedule's value)
     gain = (1.0 if b2 == 1 else 1.0 - b2) if number(b2) is not None else jnp.where(b2 == 1.0, 1.0, 1.0 - b2)
     (correction,) = bias_corrections(count, b2) if graft == "adam" else (1.0,)
+    if graft == "adam":  # b2 = 1 sums: nothing to correct
+        correction = (correction if b2 != 1 else 1.0) if number(b2) is not None else jnp.where(b2 == 1.0, 1.0,
+                                                                                                 correction)
     treedef = jax.tree.structure(updates)
     leaves = treedef.flatten_up_to(updates)
     stats0, roots0, nu0 = (treedef.flatten_up_to(t) for t in (state.stats, state.roots, state.nu))
@@ -166,9 +164,10 @@ def _apply_scale_by_shampoo(updates, state, params, *, b2, eps, matrix_eps, prec
         if graft == "sgd":
             diagonal, v_new = x, v
         else:
-            v_new = (_tree.cast(v, c) + x * x) if graft == "adagrad" else (b2 * _tree.cast(v, c) + (1 - b2) * x * x)
+            v_new = (_tree.cast(v, c) + x * x) if graft == "adagrad" else (b2 * _tree.cast(v, c) + gain * x * x)
             v_hat = v_new / jnp.asarray(correction, c) if graft == "adam" else v_new
-            diagonal = x / (safe_sqrt(v_hat) + eps)
+            denominator = safe_sqrt(v_hat) + eps  # 0 only where v, and so g, is 0 (eps = 0)
+            diagonal = x / jnp.where(denominator > 0, denominator, 1.0)
             v_new = v_new.astype(v.dtype)
         axes = _preconditioned_axes(g.shape, max_preconditioner_dim)
         if not axes:
@@ -214,8 +213,9 @@ def scale_by_shampoo(b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
     steps $t \ge t_0$ with $t - t_0$ a multiple of $f$ (an eigendecomposition, in at least float32; in between,
     and before the first refresh, the last roots, the identity at first), and $d$ the graft's step, $\epsilon$ =
     ``eps``: ``graft="adagrad"`` takes $v \gets v + g^2$, $d = g / (\sqrt{v} + \epsilon)$;
-    ``graft="rmsprop"`` takes $v \gets \beta_2 v + (1 - \beta_2)\, g^2$, $d = g / (\sqrt{v} + \epsilon)$;
-    ``graft="adam"`` the same $v$ bias-corrected, $d = g / (\sqrt{v / (1 - \beta_2^t)} + \epsilon)$;
+    ``graft="rmsprop"`` takes $v \gets \beta_2 v + \gamma\, g^2$, $d = g / (\sqrt{v} + \epsilon)$;
+    ``graft="adam"`` the same $v$ bias-corrected, $d = g / (\sqrt{v / (1 - \beta_2^t)} + \epsilon)$ (with
+    $\beta_2 = 1$ both are AdaGrad's);
     ``graft="sgd"`` $d = g$. Norms are per leaf (Frobenius). A matrix gets the paper's $P_i = H_i^{-1/4}$, an
     order-$k$ tensor $H_i^{-1/(2k)}$. Before $t_0$, and on a leaf with fewer than two axes or no axis small
     enough, $u = d$ (the graft alone). An axis above ``max_preconditioner_dim`` is not preconditioned (its factor
@@ -235,7 +235,7 @@ def scale_by_shampoo(b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
 
     Args:
         b2: decay of the statistics and of the rmsprop and adam grafts' second moment, in [0, 1]; 1 sums
-            (Algorithm 1), and needs ``graft="adagrad"`` or ``"sgd"``. Default: ``0.999``.
+            (Algorithm 1). Default: ``0.999``.
         eps: the graft's denominator term, >= 0. Default: ``1e-08``.
         matrix_eps: added to the statistics' eigenvalues, relative to the largest one, > 0. Default: ``1e-06``.
         precondition_frequency: the steps between refreshes of the roots, a positive integer. Default: ``10``.
@@ -273,5 +273,5 @@ def scale_by_shampoo(b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                    max_preconditioner_dim=max_preconditioner_dim, graft=graft)
     # Which axes get a statistic shapes the state, and the graft picks the kernel: structure, not data.
     return stateful(_init_scale_by_shampoo, _apply_scale_by_shampoo, name="scale_by_shampoo", options=options,
-                    domains=_SHAMPOO_DOMAINS, relations=_SHAMPOO_RELATIONS,
+                    domains=_SHAMPOO_DOMAINS,
                     static=("max_preconditioner_dim", "graft"), schedulable=("b2", "eps", "matrix_eps"))
