@@ -101,6 +101,7 @@ LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
     "lbfgs": "takes the objective's value and its function (a line search)",
     "polyak_sgd": "takes the objective's value",
+    "normuon": "not in optax 0.2.8 (its NorMuon is an open pull request)",
 }
 
 

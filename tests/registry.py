@@ -98,6 +98,9 @@ ENTRIES = {
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
                                               nesterov=True, adaptive=True,
                                               weight_dimension_numbers=_stacked_matrices),
+    "scale_by_normuon": lambda: ux.scale_by_normuon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95,
+                                                    beta2=0.9, eps=1e-8, rms=0.2, nesterov=True,
+                                                    weight_dimension_numbers=_stacked_matrices),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
     # (clip_value=None, the paper's t^(1/4), is not a number the contract can turn into a constant schedule)
