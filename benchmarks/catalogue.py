@@ -105,6 +105,7 @@ LEFT_OUT = {
     "shampoo": "optax 0.2.8 has no Shampoo", "soap": "optax 0.2.8 has no SOAP",
     "sophia": "takes the objective's function (Hutchinson's estimate of the Hessian's diagonal)",
     "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",
+    "normuon": "not in optax 0.2.8 (its NorMuon is an open pull request)",
 }
 
 

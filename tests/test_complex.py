@@ -217,7 +217,7 @@ def test_a_real_accumulator_for_complex_params_is_refused_by_name():
 #: DP-SGD's aggregate: its privacy analysis adds noise per real coordinate, which a complex draw would halve.
 REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_cocob", "mechanize",
             "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
-            "scale_by_newton_schulz", "scale_by_muon", "keep_params_nonnegative",
+            "scale_by_newton_schulz", "scale_by_muon", "scale_by_normuon", "keep_params_nonnegative",
             "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch",
             "scale_by_shampoo", "scale_by_soap", "scale_by_sophia"}  # eigenbases of real statistics; Hutchinson's signs
 

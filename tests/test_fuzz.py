@@ -846,6 +846,7 @@ ZERO_GUARDS = {
     "scale_by_factored_rms": ("epsilon",),
     "scale_by_newton_schulz": ("eps",),
     "scale_by_muon": ("eps",),
+    "scale_by_normuon": ("eps",),
     "scale_by_adopt": ("eps",),
     "scale_by_ademamix": ("eps", "eps_root"),
     "scale_by_simplified_ademamix": ("eps", "eps_root"),
@@ -1276,6 +1277,7 @@ _UNGUARDED = {
     "scale_by_factored_rms": lambda: ux.scale_by_factored_rms(epsilon=0.0),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(eps=0.0),
     "scale_by_muon": lambda: ux.scale_by_muon(eps=0.0),
+    "scale_by_normuon": lambda: ux.scale_by_normuon(eps=0.0),
     "scale_by_adopt": lambda: ux.scale_by_adopt(eps=0.0),  # 0/0 from the second call on
     "scale_by_ademamix": lambda: ux.scale_by_ademamix(eps=0.0, eps_root=0.0),
     "scale_by_simplified_ademamix": lambda: ux.scale_by_simplified_ademamix(eps=0.0, eps_root=0.0),

@@ -34,7 +34,8 @@ from held_numbers import BUILDERS, PATH, key, run
 #: Eager bounds wider than float32 rounding (1e-6), where a rule carries a last-bit difference further: Muon's five
 #: Newton-Schulz iterations (about 1e-6 of the leaf's largest value, 9), and the line searches' loss at the
 #: candidate, a sum of squares of ``params - centre`` that cancels (2e-6 on 0.011).
-EAGER_ATOL = {"scale_by_muon": 5e-5, "scale_by_zoom_linesearch": 1e-5, "scale_by_backtracking_linesearch": 1e-5}
+EAGER_ATOL = {"scale_by_muon": 5e-5, "scale_by_normuon": 5e-5, "scale_by_zoom_linesearch": 1e-5,
+              "scale_by_backtracking_linesearch": 1e-5}
 
 
 @pytest.fixture(scope="module")

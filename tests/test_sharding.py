@@ -29,6 +29,10 @@ TARGETS = sorted(targets())
 #: Float32 rounding between a sharded step (reductions split over devices) and the single-device one,
 #: relative to each leaf's largest value.
 ROUNDING = 1e-5
+#: Wider bounds, by target: NorMuon brings each output unit of Muon's orthogonalised update to one RMS, which
+#: carries Newton-Schulz's rounding on an Auto mesh at the tests' compilation (5e-6 of the leaf for Muon) to 2e-5
+#: (both below 1e-6 at XLA's default compilation).
+ROUNDING_OF = {"scale_by_normuon": 5e-5}
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +164,7 @@ def test_scan_over_steps_equals_the_python_loop(name):
 def test_sharded_state_and_steps(sharded_run, name, mesh):
     result = sharded_run()[name, mesh]
     assert not result["problems"], "\n".join(result["problems"])
-    assert result["error"] < ROUNDING, result["error"]
+    assert result["error"] < ROUNDING_OF.get(name, ROUNDING), result["error"]
 
 
 def test_derived_state_is_placed_along_the_params_axes(sharded_run):

@@ -426,6 +426,22 @@ class Update:
     ) -> Update:
         """Replaces each matrix update by an approximate orthogonalization (Muon's Newton–Schulz step). See
         :func:`updax.scale_by_newton_schulz`."""
+    def scale_by_normuon(
+        self,
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = ...,
+        ns_steps: int = 5,
+        beta: ScalarOrSchedule = 0.95,
+        beta2: ScalarOrSchedule = 0.95,
+        eps: ScalarOrSchedule = 1e-08,
+        rms: ScalarOrSchedule = 0.2,
+        nesterov: bool = True,
+        *,
+        mu_dtype: DType = None,
+        preconditioning: str = 'frobenius',
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+    ) -> Update:
+        """Scales updates by NorMuon: Muon's step with each output unit normalised by its second moment. See
+        :func:`updax.scale_by_normuon`."""
     def scale_by_novograd(
         self,
         b1: ScalarOrSchedule = 0.9,

@@ -27,7 +27,7 @@ from updax.optimizers._lbfgs import lbfgs
 from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
 from updax.optimizers._mars import mars_adamw, mars_lion
 from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
-from updax.optimizers._orthogonal import muon
+from updax.optimizers._orthogonal import muon, normuon
 from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._shampoo import shampoo
@@ -41,6 +41,7 @@ __all__ = [
     "adabelief", "adagrad", "adam", "adamw", "lamb", "noisy_sgd", "radam", "rmsprop", "sgd", "yogi",
     # what users reach for today
     "adadelta", "adafactor", "adamax", "adamaxw", "adan", "amsgrad", "fromage", "lars", "lion", "muon", "nadam",
+    "normuon",
     "lbfgs",
     "nadamw", "novograd", "optimistic_adam", "optimistic_gradient_descent",
     "ademamix", "adopt", "simplified_ademamix",

@@ -60,7 +60,7 @@ from updax.updates._privacy import (
     per_example_clipped_sum,
     per_example_global_norm_clip,
 )
-from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_shape
+from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_normuon, scale_by_shape
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
@@ -133,6 +133,7 @@ __all__ = [
     "scale_by_muon",
     "scale_by_nadam",
     "scale_by_newton_schulz",
+    "scale_by_normuon",
     "scale_by_novograd",
     "scale_by_optimistic_gradient",
     "scale_by_param_block_rms",

@@ -14,7 +14,18 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, Integer, Valid, fail
+from updax._domains import (
+    ANY_REAL,
+    NON_NEGATIVE,
+    UNIT,
+    Count,
+    Flag,
+    FloatDtype,
+    Integer,
+    NonNegativeField,
+    Valid,
+    fail,
+)
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -95,7 +106,8 @@ MAX_NS_STEPS = 100
 _MUON_DOMAINS = dict(
     ns_coeffs=Valid(rule=_ns_coeffs, text=_NS_FORMS_TEXT, values=ANY_REAL),
     ns_steps=Integer(1, MAX_NS_STEPS, why=" (each iteration is unrolled into the compiled step)"),
-    beta=UNIT, eps=NON_NEGATIVE, nesterov=Flag(), mu_dtype=FloatDtype(), adaptive=Flag(late=True),
+    beta=UNIT, beta2=UNIT, eps=NON_NEGATIVE, rms=NON_NEGATIVE, nesterov=Flag(), mu_dtype=FloatDtype(),
+    adaptive=Flag(late=True),
     preconditioning=Valid(rule=_preconditioning, text=_PRECONDITIONING_TEXT),
     consistent_rms=Valid(rule=_none_or_non_negative, text="must be None or in [0, inf)", values=NON_NEGATIVE),
     weight_dimension_numbers=DIMENSION_NUMBERS)
@@ -297,6 +309,18 @@ def _init_scale_by_muon(params, *, mu_dtype):
     return ScaleByMuonState(mu=_tree.accumulators(params, mu_dtype), count=_tree.zero_count())
 
 
+def _momentum(g, m, beta, nesterov, correction, next_correction):
+    """Muon's new momentum and its bias-corrected estimate m̂ (Nesterov's look-ahead one with ``nesterov``), in
+    the compute dtype (at least float32); ``correction`` is ``1 - beta^t``, ``next_correction`` ``1 - beta^(t+1)``."""
+    c = _tree.compute_dtype(g.dtype, m.dtype)
+    x, m_new = g.astype(c), moment(beta, m.astype(c), g.astype(c))
+    if nesterov:
+        m_hat = beta * m_new / next_correction.astype(c) + (1 - beta) * x / correction.astype(c)
+    else:
+        m_hat = m_new / correction.astype(c)
+    return m_hat, m_new
+
+
 def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov, adaptive=None,
                          preconditioning=None, weight_dimension_numbers=None):
     call = "scale_by_muon"
@@ -310,13 +334,8 @@ def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, e
         o = _newton_schulz(m_hat, ns_coeffs, ns_steps, eps, preconditioning)
         return _dual_scaled(m_hat, o) if adaptive else o
 
-    def leaf(g, m, axes):  # in the compute dtype (at least float32); stored in g's and m's dtypes
-        c = _tree.compute_dtype(g.dtype, m.dtype)
-        x, m_new = g.astype(c), moment(beta, m.astype(c), g.astype(c))
-        if nesterov:
-            m_hat = beta * m_new / next_correction.astype(c) + (1 - beta) * x / correction.astype(c)
-        else:
-            m_hat = m_new / correction.astype(c)
+    def leaf(g, m, axes):
+        m_hat, m_new = _momentum(g, m, beta, nesterov, correction, next_correction)
         u = m_hat if axes is None else on_matrices(orthogonalised, m_hat, axes)
         return u.astype(g.dtype), m_new.astype(m.dtype)
 
@@ -415,6 +434,168 @@ def scale_by_muon(
     return stateful(_init_scale_by_muon, _apply_scale_by_muon, name="scale_by_muon", options=options,
                     domains=_domains(options), static=("ns_steps", "preconditioning", "weight_dimension_numbers"),
                     schedulable=("beta", "eps"))
+
+
+# --------------------------------------------------------------------------
+# NorMuon: Muon with each output unit's update normalised by its second moment
+
+
+class ScaleByNorMuonState(NamedTuple):
+    """The momentum ``mu``, each output unit's second moment ``nu`` (a matrix's shape with its reduction axes of
+    size 1; a one-element zero for a leaf that is not a matrix), and the steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+def _init_scale_by_normuon(params, *, mu_dtype, weight_dimension_numbers=None):
+    def nu(p, axes):
+        p = jnp.asarray(p)
+        dtype = _tree.compute_dtype(p.dtype)
+        if axes is None:  # (a separate buffer per leaf, replicated: a state holding one twice cannot be donated)
+            return _tree.full((1,), 0.0, dtype, p, dims=(None,))
+        _, rows, _ = axes
+        shape = tuple(1 if a in rows else n for a, n in enumerate(p.shape))
+        return _tree.full(shape, 0.0, dtype, p, dims=tuple(None if a in rows else a for a in range(p.ndim)))
+
+    leaves, treedef = jax.tree.flatten(params)
+    axes = leaf_axes("scale_by_normuon", weight_dimension_numbers, params, params)
+    return ScaleByNorMuonState(mu=_tree.accumulators(params, mu_dtype),
+                               nu=treedef.unflatten([nu(p, a) for p, a in zip(leaves, axes)]),
+                               count=_tree.zero_count())
+
+
+def _neuron_normalised(o, v, axes, beta2, eps, rms):
+    """NorMuon's step on an orthogonalised leaf ``o``: each output unit's mean square into the EMA ``v``, ``o``
+    divided by its root, and the whole matrix scaled to RMS ``rms`` (each matrix of a batch on its own)."""
+    _, rows, cols = axes
+    fan_in, fan_out = fans(o, axes)
+    if o.size == 0:  # (nothing to normalise; a mean over no rows would be NaN)
+        return o, v
+    v = moment(beta2, v, jnp.mean(o * o, axis=rows, keepdims=True))
+    u = o / (safe_sqrt(v) + eps)
+    norm = safe_sqrt(jnp.sum(u * u, axis=rows + cols, keepdims=True))
+    scale = rms * (fan_in * fan_out) ** 0.5 / jnp.where(norm > 0, norm, 1)  # a zero matrix stays zero
+    return u * scale, v
+
+
+def _apply_scale_by_normuon(updates, state, params, *, ns_coeffs, ns_steps, beta, beta2, eps, rms, nesterov,
+                            preconditioning=None, weight_dimension_numbers=None):
+    call = "scale_by_normuon"
+    real_only(call, updates)
+    _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
+    _tree.check_same_structure(call, updates, state.nu, "updates", "state.nu")
+    count = _tree.safe_increment(state.count)
+    t = _tree.float_count(count)
+    correction, next_correction = 1 - beta**t, 1 - beta ** (t + 1)
+
+    def leaf(g, m, v, axes):
+        m_hat, m_new = _momentum(g, m, beta, nesterov, correction, next_correction)
+        if axes is None:
+            return m_hat.astype(g.dtype), m_new.astype(m.dtype), v
+        o = on_matrices(lambda x: _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning), m_hat, axes)
+        u, v_new = _neuron_normalised(o, v.astype(o.dtype), axes, beta2, eps, rms)
+        return u.astype(g.dtype), m_new.astype(m.dtype), v_new.astype(v.dtype)
+
+    leaves, treedef = jax.tree.flatten(updates)
+    axes = leaf_axes(call, weight_dimension_numbers, updates, params)
+    out = [leaf(*args) for args in zip(leaves, treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu),
+                                       axes)]
+    return (treedef.unflatten([u for u, _, _ in out]),
+            ScaleByNorMuonState(mu=treedef.unflatten([m for _, m, _ in out]),
+                                nu=treedef.unflatten([v for _, _, v in out]), count=count))
+
+
+@combinator
+def scale_by_normuon(
+        ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = _NS_COEFFS,
+        ns_steps: int = 5, beta: ScalarOrSchedule = 0.95, beta2: ScalarOrSchedule = 0.95,
+        eps: ScalarOrSchedule = 1e-8, rms: ScalarOrSchedule = 0.2, nesterov: bool = True, *,
+        mu_dtype: DType = None, preconditioning: str = "frobenius",
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+    r"""Scales updates by NorMuon: Muon's step with each output unit normalised by its second moment.
+
+    Update rule, for step $t$ (counting from 1), with $\beta$ = ``beta``, $\beta_2$ = ``beta2``,
+    $\epsilon$ = ``eps``, $\rho$ = ``rms``, for each matrix (a leaf with two axes, or each matrix of a leaf that
+    ``weight_dimension_numbers`` makes a batch of them) of $d_\text{in}$ rows (the reduction axes) and
+    $d_\text{out}$ columns (the output axes, one per output unit, or neuron), $v$ holding one number per column:
+
+    $$
+    \begin{align*}
+    m &\gets \beta m + (1 - \beta)\, g \\
+    O &= \operatorname{NewtonSchulz}\bigl(\beta m / (1 - \beta^{t+1}) + (1 - \beta)\, g / (1 - \beta^t)\bigr) \\
+    v_j &\gets \beta_2 v_j + (1 - \beta_2)\, \frac{1}{d_\text{in}} \sum_i O_{ij}^2 \\
+    \hat O_{ij} &= O_{ij} / (\sqrt{v_j} + \epsilon) \\
+    u &= \rho \sqrt{d_\text{in} d_\text{out}}\, \hat O / \lVert \hat O \rVert_F
+    \end{align*}
+    $$
+
+    The momentum and $\operatorname{NewtonSchulz}$ are :func:`scale_by_muon`'s (with ``nesterov=False``, $O =
+    \operatorname{NewtonSchulz}(m / (1 - \beta^t))$). Muon's orthogonalised update leaves the output units'
+    norms uneven; dividing each by the root of its EMA gives every unit an adaptive step, as Adam's second
+    moment does per coordinate, and the last line sets the matrix's RMS to $\rho$ (0.2: AdamW's, so AdamW's
+    learning rate carries over), the paper's $\hat\eta = 0.2\, \eta \sqrt{mn} / \lVert \hat O \rVert_F$. Other
+    leaves get the momentum $\hat m$ alone, as in :func:`scale_by_muon`. A zero matrix stays zero (with
+    ``eps`` > 0), and so does an output unit whose updates have all been zero.
+
+    Args:
+        ns_coeffs: the quintic's coefficients, as in
+            :func:`scale_by_newton_schulz`: one triple ``(a, b, c)`` of finite
+            real numbers for every iteration, a tuple of triples (one per
+            iteration, at most 100; ``ns_steps`` is then ignored), or a
+            preset's name, ``"standard"`` or ``"dion"``.
+            Default: ``(3.4445, -4.7750, 2.0315)``.
+        ns_steps: the number of iterations of one triple, an integer in
+            [1, 100] (each is unrolled into the compiled step). Default: ``5``.
+        beta: decay of the momentum, in [0, 1). Default: ``0.95``.
+        beta2: decay of the output units' second moments, in [0, 1) (0:
+            each unit's update of the step alone, at RMS ``rms``).
+            Default: ``0.95``.
+        eps: added to the norm that scales each matrix before the
+            iteration, and to each unit's root second moment, >= 0.
+            Default: ``1e-8``.
+        rms: the RMS $\rho$ of each matrix's update, >= 0.
+            Default: ``0.2``.
+        nesterov: use Nesterov's look-ahead momentum. Default: ``True``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
+            least float32 (``nu`` is at least float32). Default: ``None``.
+        preconditioning: how each matrix is scaled before or in the first
+            iteration, ``"frobenius"``, ``"spectral"``, ``"aol"`` or
+            ``"schatten"`` (see :func:`scale_by_newton_schulz`); static, and
+            it prints only when not ``"frobenius"``. Default: ``"frobenius"``.
+        weight_dimension_numbers: which leaves are matrices and which of
+            their axes, as in :func:`scale_by_newton_schulz`: a pytree of
+            :class:`MuonDimensionNumbers` or None, or a function of the params
+            returning one; None makes every leaf with two axes an
+            ``(in, out)`` matrix. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByNorMuonState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_normuon(beta2=0.0)
+        >>> w = jnp.array([[3.0, 0.0, 1.0], [0.0, 0.3, 1.0]])  # 2 inputs, 3 output units
+        >>> u, state = opt.update({"w": w, "b": jnp.ones(3)}, opt.init({"w": w, "b": jnp.ones(3)}))
+        >>> jnp.sqrt(jnp.mean(u["w"] ** 2, axis=0)).round(5)  # beta2 = 0: every unit's update at RMS 0.2
+        Array([0.2, 0.2, 0.2], dtype=float32)
+        >>> opt.get_state(state, "scale_by_normuon.nu")["w"].shape  # one number per output unit
+        (1, 3)
+
+    References:
+        Li et al., "NorMuon: Making Muon more efficient and scalable",
+        2025. https://arxiv.org/abs/2510.05491; Jordan et al., "Muon: An
+        optimizer for hidden layers in neural networks", 2024.
+        https://kellerjordan.github.io/posts/muon/
+    """
+    options = dict(ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, beta2=beta2, eps=eps, rms=rms,
+                   nesterov=nesterov, mu_dtype=mu_dtype, preconditioning=preconditioning,
+                   weight_dimension_numbers=weight_dimension_numbers)
+    return stateful(_init_scale_by_normuon, _apply_scale_by_normuon, name="scale_by_normuon", options=options,
+                    domains=_domains(options), static=("ns_steps", "preconditioning", "weight_dimension_numbers"),
+                    schedulable=("beta", "beta2", "eps", "rms"))
 
 
 # --------------------------------------------------------------------------
