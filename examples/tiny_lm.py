@@ -103,6 +103,7 @@ OPTIMIZERS = {
     "cautious adamw": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.adamw(lr, decay=0.01, mask=_matrices).cautious()),
     # (Muon's rate is for the hidden matrices, which it orthogonalises; the others take Adam at 3e-3)
     "muon": ([1e-2, 3e-2, 1e-1], lambda lr: ux.optimizers.muon(lr, adam_learning_rate=3e-3)),
+    "normuon": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.normuon(lr)),
     "mars_adamw": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.mars_adamw(lr, decay=0.01, mask=_matrices)),
     "shampoo": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.shampoo(lr)),
     "soap": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.soap(lr)),
@@ -111,7 +112,8 @@ OPTIMIZERS = {
 
 
 def available(names):
-    missing = {"mars_adamw": "mars_adamw", "shampoo": "shampoo", "soap": "soap", "psgd": "psgd"}
+    missing = {"normuon": "normuon", "mars_adamw": "mars_adamw", "shampoo": "shampoo", "soap": "soap",
+               "psgd": "psgd"}
     kept = [n for n in names if n not in missing or hasattr(ux.optimizers, missing[n])]
     for n in names:
         if n not in kept:

@@ -9,7 +9,7 @@ changed no number beyond float32 rounding. An entry added later, or whose
 registry options changed, has its numbers written when it was
 (``python tests/held_numbers.py NAME``, which keeps every other entry's):
 ``cautious`` and ``add_decayed_weights`` (now with ``cautious=True``), MARS,
-Shampoo, SOAP and Sophia at issue 41's first part.
+Shampoo, SOAP, Sophia and NorMuon at issue 41's first part.
 """
 
 from __future__ import annotations

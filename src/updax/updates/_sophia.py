@@ -182,9 +182,9 @@ def scale_by_sophia(b1: ScalarOrSchedule = 0.965, b2: ScalarOrSchedule = 0.99, e
         eps: the smallest denominator, >= 0. Default: ``1e-08``.
         gamma: the factor $\gamma$ of the Hessian estimate, >= 0 (the
             paper's, 0.01 for Sophia-H). Default: ``0.01``.
-        clip_threshold: the bound $\rho$ of each output coordinate, in
-            (0, inf), or None for no clip (then a positive ``eps`` keeps the
-            output finite). Default: ``1.0``.
+        clip_threshold: the bound $\rho$ of each output coordinate, > 0, or
+            None for no clip (then a positive ``eps`` keeps the output
+            finite). Default: ``1.0``.
         update_interval: the steps $k$ between refreshes of the Hessian
             estimate, a positive integer. Default: ``10``.
         key: an int seed in [0, 2**32), a JAX PRNG key or its raw key data,
