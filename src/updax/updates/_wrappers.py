@@ -301,10 +301,11 @@ def _apply_cautious(updates, state, params, *, inner, eps, descent, **extra):
 
     def leaf(u, g):  # the wrapped pipeline's output u for one leaf, and the gradient g it came from
         c = _tree.compute_dtype(u.dtype, g.dtype)
-        agree = jnp.real(_tree.cast(u, c) * jnp.conj(_tree.cast(g, c)))
+        uc = _tree.cast(u, c)
+        agree = jnp.real(uc * jnp.conj(_tree.cast(g, c)))
         keep = agree < 0 if descent else agree > 0
         scale = 1 / (jnp.mean(keep.astype(agree.dtype)) + eps)  # (inf only where nothing is kept, at eps = 0)
-        return _tree.cast(jnp.where(keep, _tree.cast(u, c) * scale, 0), u.dtype)
+        return _tree.cast(jnp.where(keep, uc * scale, 0), u.dtype)
 
     out = _tree.tree_map("cautious", leaf, out, updates, names=("the wrapped pipeline's output", "updates"))
     return out, CautiousState(inner=inner_state)
