@@ -20,7 +20,7 @@ def psgd_kron(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9
               momentum_into_precond_update: bool = True, key: int | jax.Array = 0, mu_dtype: DType | None = None,
               mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
               maximize: bool = False) -> Update:
-    """PSGD Kron: Li's preconditioned SGD with a Kronecker-factored whitening preconditioner, as psgd_jax's ``kron``.
+    """PSGD Kron: Li's preconditioned SGD, Kronecker-factored, as psgd_jax's ``kron``.
 
     Pipeline: ``scale_by_psgd_kron(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``.
     The preconditioned momentum has an RMS of about 1 (it is whitened), so Adam's learning rates are the place to

@@ -170,7 +170,9 @@ def _apply_scale_by_psgd_kron(updates, state, params, *, b1, precond_lr, precond
 
     # The factors start at the identity; the first step scales them to preconditioner_init_scale (Li's scale of
     # the first gradients if None), a k-factor leaf's each by its k-th root: P = scale² I.
-    scale = first_scale(leaves) if preconditioner_init_scale is None else preconditioner_init_scale
+    # (a constant to derivatives, as the factors are)
+    scale = (jax.lax.stop_gradient(first_scale(leaves)) if preconditioner_init_scale is None
+             else preconditioner_init_scale)
     first = state.count == 0
     factors = [tuple(jnp.where(first, q * jnp.asarray(scale, q.dtype) ** (1.0 / len(qs)), q) for q in qs)
                for qs in factors]
@@ -232,8 +234,7 @@ def scale_by_psgd_kron(b1: ScalarOrSchedule = 0.9, precond_lr: ScalarOrSchedule 
                        precond_update_prob: ScalarOrSchedule = 1.0, max_size_triangular: int = 8192,
                        preconditioner_init_scale: float | None = None, momentum_into_precond_update: bool = True,
                        key: int | jax.Array = 0, *, mu_dtype: DType | None = None) -> Update:
-    r"""Scales updates by PSGD Kron: the momentum whitened by a Kronecker-factored preconditioner fitted on a
-    Lie group.
+    r"""Scales updates by PSGD Kron: the momentum whitened by Kronecker factors fitted on a Lie group.
 
     Update rule at step $t$ (counting from 1), for a leaf $G$ of $k$ axes with factors $Q_1, \dots, Q_k$ (upper
     triangular, or diagonal), $Q = Q_1 \otimes \cdots \otimes Q_k$ acting on the leaf axis by axis ($\times_i$
@@ -274,7 +275,7 @@ def scale_by_psgd_kron(b1: ScalarOrSchedule = 0.9, precond_lr: ScalarOrSchedule 
     square overflows), the normalising norm is at least the smallest normal number, and a new factor that is not
     finite leaves the leaf's factors as they were; so rank-deficient, zero, tiny or huge gradients (a NaN one too)
     never turn the factors to NaN. The factors are in at least float32 (bfloat16 params keep float32 factors).
-    Derivatives through the step take the factors as constants.
+    Derivatives through the step take the factors and the first scale as constants.
 
     Not offered (psgd_jax's ``kron`` options): ``min_ndim_triangular``, ``memory_save_mode``, the scanned-layers
     handling, and the default schedule of ``precond_update_prob`` (1 for 500 steps, then decaying to 0.03): pass
