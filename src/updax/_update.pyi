@@ -504,8 +504,8 @@ class Update:
         *,
         mu_dtype: DType | None = None,
     ) -> Update:
-        """Scales updates by PSGD Kron: the momentum whitened by a Kronecker-factored preconditioner fitted on a
-        Lie group. See :func:`updax.scale_by_psgd_kron`."""
+        """Scales updates by PSGD Kron: the momentum whitened by Kronecker factors fitted on a Lie group. See
+        :func:`updax.scale_by_psgd_kron`."""
     def scale_by_radam(
         self,
         b1: ScalarOrSchedule = 0.9,

@@ -269,7 +269,7 @@ def scale_by_psgd_kron(b1: ScalarOrSchedule = 0.9, precond_lr: ScalarOrSchedule 
     Randomness: the state's key is split at each step into the next key, one draw $U \sim \mathcal{U}[0, 1)$
     (the fit runs where $U < p_t$: always for $p_t = 1$, never for $p_t = 0$) and a key per leaf position of the
     tree (None leaves counted), from which the leaf's probe $v$ is drawn in the factors' dtype. The same ``key``
-    gives the same steps; the fit is a ``lax.cond``, so a skipped step costs no matrix products.
+    gives the same steps; the fit is a ``lax.cond``, so a step without one costs only the preconditioning.
 
     Numerically: $A$ and $B$ are divided by their largest entry before their products (the step is the same, no
     square overflows), the normalising norm is at least the smallest normal number, and a new factor that is not
