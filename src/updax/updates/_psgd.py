@@ -27,9 +27,10 @@ from updax.updates._soap import _gathered, _kept_like, _like
 
 
 class ScaleByPsgdKronState(NamedTuple):
-    """The momentum ``mu``; per leaf a tuple of its Kronecker ``factors`` (an ``n x n`` upper-triangular matrix
-    or a length-``n`` diagonal per axis, one 0-d factor for a scalar, none for an empty leaf); the raw PRNG ``key``
-    data of the next step's draws; steps taken ``count``."""
+    """The momentum ``mu``; per leaf a tuple of its Kronecker ``factors``, one per axis: an ``n x n`` upper-triangular
+    matrix (replicated over the param's mesh) or a length-``n`` diagonal (split as the param's axis); one 0-d factor
+    for a scalar, none for an empty leaf; the raw PRNG ``key`` data of the next step's draws; steps taken
+    ``count``."""
 
     mu: Any
     factors: Any
@@ -58,11 +59,13 @@ def _init_scale_by_psgd_kron(params, *, max_size_triangular, key, mu_dtype):
         p = p if isinstance(p, jax.Array) else jnp.asarray(p)
         dtype = _tree.compute_dtype(p.dtype)
         kinds = factor_kinds(p.shape, max_size_triangular)
-        if p.ndim == 0:  # (replicated over the param's mesh, as every factor)
+        if p.ndim == 0:
             return tuple(_tree.full((), 1.0, dtype, p, dims=()) for _ in kinds)
+        # A triangular factor replicated over the param's mesh, a diagonal one split as the param's axis is (a
+        # vector's placed like it, also under jit on an Auto mesh).
         return tuple(_tree.full((n, n), 0.0, dtype, p, dims=(None, None)) + jnp.eye(n, dtype=dtype) if tri
-                     else _tree.full((n,), 1.0, dtype, p, dims=(None,))
-                     for n, tri in zip(p.shape, kinds))
+                     else _tree.full((n,), 1.0, dtype, p, dims=None if p.ndim == 1 else (i,))
+                     for i, (n, tri) in enumerate(zip(p.shape, kinds)))
 
     return ScaleByPsgdKronState(mu=_tree.accumulators(params, mu_dtype), factors=jax.tree.map(leaf, params),
                                 key=_key_data(key), count=_tree.zero_count())
@@ -163,7 +166,8 @@ def _apply_scale_by_psgd_kron(updates, state, params, *, b1, precond_lr, precond
     real_only(call, updates)
     _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
     leaves, treedef = jax.tree.flatten(updates)
-    mus, factors = treedef.flatten_up_to(state.mu), [tuple(f) for f in treedef.flatten_up_to(state.factors)]
+    mus, old = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.factors)
+    factors = [tuple(_gathered(q) for q in qs) for qs in old]  # (the products read each factor whole)
     count = _tree.safe_increment(state.count)
     (c1,) = bias_corrections(count, b1)
     plans = [factor_kinds(g.shape, max_size_triangular) for g in leaves]
@@ -211,9 +215,10 @@ def _apply_scale_by_psgd_kron(updates, state, params, *, b1, precond_lr, precond
     us = [_like(_preconditioned(qs, kinds, x).astype(g.dtype), g)
           for qs, kinds, x, g in zip(new_factors, plans, m_hats, leaves)]
     new_mu = [_like(a.astype(m.dtype), m) for a, m in zip(new_mu, mus)]
-    old = treedef.flatten_up_to(state.factors)
-    # Under jit on an Auto mesh nothing else pins the factors: XLA would split them like the updates.
-    new_factors = [tuple(_kept_like(a.astype(b.dtype), b) for a, b in zip(qs, o)) for qs, o in zip(new_factors, old)]
+    # Each factor placed as it was: under jit on an Auto mesh nothing else pins a triangular one (XLA would split
+    # it like the updates), and a diagonal one is tied to its old placement, split as the param's axis.
+    new_factors = [tuple((_kept_like if a.ndim == 2 else _like)(a.astype(b.dtype), b) for a, b in zip(qs, o))
+                   for qs, o in zip(new_factors, old)]
     return treedef.unflatten(us), ScaleByPsgdKronState(
         mu=treedef.unflatten(new_mu), factors=treedef.unflatten(new_factors), key=jax.random.key_data(key),
         count=count)
