@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import POSITIVE, UNIT, Count, FloatDtype, Flag, Integer, Real, Valid, is_concrete
+from updax._domains import POSITIVE, UNIT, Count, Flag, FloatDtype, Integer, Real, Valid, is_concrete
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
