@@ -116,6 +116,10 @@ ENTRIES = {
     "scale_by_normuon": lambda: ux.scale_by_normuon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95,
                                                     beta2=0.9, eps=1e-8, rms=0.2, nesterov=True,
                                                     weight_dimension_numbers=_stacked_matrices),
+    # (axes above 3 elements get diagonal factors; Li's init scale from the first gradients; a fit at every step)
+    "scale_by_psgd_kron": lambda: ux.scale_by_psgd_kron(b1=0.9, precond_lr=0.1, precond_update_prob=1.0,
+                                                        max_size_triangular=3, preconditioner_init_scale=None,
+                                                        momentum_into_precond_update=True, key=3),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
     "scale_by_mars": lambda: ux.scale_by_mars(gamma=0.5, b1=0.9, max_norm=1.0),

@@ -492,6 +492,20 @@ class Update:
     ) -> Update:
         """Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly. See
         :func:`updax.scale_by_prodigy`."""
+    def scale_by_psgd_kron(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        precond_lr: ScalarOrSchedule = 0.1,
+        precond_update_prob: ScalarOrSchedule = 1.0,
+        max_size_triangular: int = 8192,
+        preconditioner_init_scale: float | None = None,
+        momentum_into_precond_update: bool = True,
+        key: int | jax.Array = 0,
+        *,
+        mu_dtype: DType | None = None,
+    ) -> Update:
+        """Scales updates by PSGD Kron: the momentum whitened by Kronecker factors fitted on a Lie group. See
+        :func:`updax.scale_by_psgd_kron`."""
     def scale_by_radam(
         self,
         b1: ScalarOrSchedule = 0.9,

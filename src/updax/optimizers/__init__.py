@@ -29,6 +29,7 @@ from updax.optimizers._mars import mars_adamw, mars_lion
 from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon, normuon
 from updax.optimizers._privacy import dpsgd
+from updax.optimizers._psgd import psgd_kron
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._shampoo import shampoo
 from updax.optimizers._sgd import noisy_sgd, sgd
@@ -51,5 +52,6 @@ __all__ = [
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
     "shampoo",
+    "psgd_kron",
     "sophia",
 ]

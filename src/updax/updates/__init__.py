@@ -61,6 +61,7 @@ from updax.updates._privacy import (
     per_example_global_norm_clip,
 )
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_normuon, scale_by_shape
+from updax.updates._psgd import scale_by_psgd_kron
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
@@ -139,6 +140,7 @@ __all__ = [
     "scale_by_param_block_rms",
     "scale_by_polyak",
     "scale_by_prodigy",
+    "scale_by_psgd_kron",
     "scale_by_radam",
     "scale_by_rms",
     "scale_by_rprop",
