@@ -383,7 +383,7 @@ def _apply_scale_by_shampoo(updates, state, params, *, b2, eps, matrix_eps, prec
                     d = grafted_onto(direction, d)
                 parts.append(_unblocked(d, region))
             counts = [len({region[i][:2] for region, _ in regions}) for i in range(g.ndim)]  # pieces per axis
-            grafted = _tree.place_like(_joined(parts, counts), g)  # split again as the leaf is
+            grafted = _tree.place_like(_joined(parts, counts), diagonal)  # split again as the graft's step is
             return jnp.where(after_start, grafted, diagonal).astype(g.dtype), v_new
         axes = _preconditioned_axes(g.shape, max_preconditioner_dim)
         if not axes:
@@ -393,7 +393,7 @@ def _apply_scale_by_shampoo(updates, state, params, *, b2, eps, matrix_eps, prec
             direction = _along(_whole(roots[i]), direction, i)
         norm = safe_sqrt(jnp.sum(direction * direction))
         grafted = direction * (safe_sqrt(jnp.sum(diagonal * diagonal)) / jnp.where(norm > 0, norm, 1.0))
-        grafted = _tree.place_like(grafted, g)  # split again as the leaf is
+        grafted = _tree.place_like(grafted, diagonal)  # split again as the graft's step is (as the leaf, or nu)
         return jnp.where(after_start, grafted, diagonal).astype(g.dtype), v_new
 
     out = [leaf(g, v, r, regions) for g, v, r, regions in zip(leaves, nu0, roots, plans)]
