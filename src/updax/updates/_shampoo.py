@@ -34,7 +34,8 @@ class ScaleByShampooState(NamedTuple):
     ``stats`` and ``roots`` hold, for each leaf, a tuple of one entry per axis: for a preconditioned axis of
     size $n$ the $n \times n$ statistic and its inverse root (the identity until the first refresh), for any
     other axis a one-element zero; on a mesh their rows are split as the leaf's axis is (the products gather
-    the leaf). A leaf cut into blocks (``block_size``) holds instead a tuple of its regions of equal blocks
+    the leaf and them; each step keeps the placement the state has, so a ZeRO-1 layout from
+    :func:`updax.sharding.zero1_shardings`, which splits them over the data axis too, stays). A leaf cut into blocks (``block_size``) holds instead a tuple of its regions of equal blocks
     (:func:`block_regions`), each a tuple of one entry per axis: the blocks' statistics (or roots) of that axis
     stacked, shaped $(c_0, \dots, c_{k-1}, b, b)$ for the region's $c_j$ blocks along axis $j$ and blocks $b$
     long along this one (a one-element zero for an axis the region does not precondition), replicated over the

@@ -25,7 +25,9 @@ from updax.updates._kernels import bias_corrections, real_only, safe_sqrt
 class ScaleBySoapState(NamedTuple):
     """Adam's first moment ``mu`` (in the leaf's own coordinates) and second moment ``nu`` (in the eigenbasis);
     per leaf a tuple of Shampoo's statistics ``stats`` and of their estimated eigenbases ``bases``, one square
-    matrix for each preconditioned axis (an empty tuple for a leaf that takes Adam); steps taken ``count``."""
+    matrix for each preconditioned axis (an empty tuple for a leaf that takes Adam), replicated over the leaf's
+    mesh (split where a ZeRO-1 layout, :func:`updax.sharding.zero1_shardings`, puts them: each step gathers them
+    for its products and its refresh, and keeps their placement); steps taken ``count``."""
 
     mu: Any
     nu: NonNegativeField
