@@ -12,9 +12,8 @@ stacked, so that each region of them is one batched computation.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import itertools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +34,9 @@ class ScaleByShampooState(NamedTuple):
     size $n$ the $n \times n$ statistic and its inverse root (the identity until the first refresh), for any
     other axis a one-element zero; on a mesh their rows are split as the leaf's axis is (the products gather
     the leaf and them; each step keeps the placement the state has, so a ZeRO-1 layout from
-    :func:`updax.sharding.zero1_shardings`, which splits them over the data axis too, stays). A leaf cut into blocks (``block_size``) holds instead a tuple of its regions of equal blocks
-    (:func:`block_regions`), each a tuple of one entry per axis: the blocks' statistics (or roots) of that axis
+    :func:`updax.sharding.zero1_shardings`, which splits them over the data axis too, stays). A leaf cut into
+    blocks (``block_size``) holds instead a tuple of its regions of equal blocks (:func:`block_regions`), each
+    a tuple of one entry per axis: the blocks' statistics (or roots) of that axis
     stacked, shaped $(c_0, \dots, c_{k-1}, b, b)$ for the region's $c_j$ blocks along axis $j$ and blocks $b$
     long along this one (a one-element zero for an axis the region does not precondition), replicated over the
     leaf's mesh. ``nu`` is the graft's accumulator of $g^2$, shaped like the leaf (a one-element zero for
@@ -80,11 +80,6 @@ NEWTON_FAILURE = 1e-3
 def _whole(x):
     """``x`` gathered on every device of its mesh (the statistics contract every axis but one)."""
     return _tree.place_like(x, x, dims=(None,) * x.ndim)
-
-
-def _replicated(x, like):
-    """``x`` replicated over the mesh of ``like``."""
-    return _tree.place_like(x, like, dims=(None,) * x.ndim)
 
 
 def _preconditioned_axes(shape, max_preconditioner_dim):
