@@ -108,11 +108,12 @@ ENTRIES = {
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
                                               nesterov=True, adaptive=True,
                                               weight_dimension_numbers=_stacked_matrices),
-    # (refreshed every 2 steps from step 2, axes above 3 elements left out: the sweeps' few steps hit a refresh and
-    # both kinds of axis)
+    # (refreshed every 2 steps from step 2, axes above 3 elements cut into blocks of 3: the sweeps' few steps hit a
+    # refresh, and leaves cut into blocks (a (3, 4) matrix in the registry's tree, (8, 4) and (2, 4, 3) on the
+    # sharded checks' mesh) and not)
     "scale_by_shampoo": lambda: ux.scale_by_shampoo(b2=0.9, eps=1e-8, matrix_eps=1e-6, precondition_frequency=2,
                                                     start_preconditioning_step=2, max_preconditioner_dim=3,
-                                                    graft="adam"),
+                                                    graft="adam", block_size=3),
     "scale_by_normuon": lambda: ux.scale_by_normuon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95,
                                                     beta2=0.9, eps=1e-8, rms=0.2, nesterov=True,
                                                     weight_dimension_numbers=_stacked_matrices),

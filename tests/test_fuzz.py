@@ -557,6 +557,19 @@ def _shampoo_grafts(params):
     return st.sampled_from(["adagrad", "rmsprop", "adam", "sgd"])
 
 
+@_structural("scale_by_shampoo", "block_size", "'None or a positive integer': no blocks, or blocks of 1 to 4 "
+             "elements (the fuzz's leaves have axes of a few elements, so that some are cut)")
+@_structural("optimizers.shampoo", "block_size", "scale_by_shampoo.block_size")
+def _shampoo_block_sizes(params):
+    return st.sampled_from([None, 1, 2, 3, 4])
+
+
+@_structural("scale_by_shampoo", "root_method", "'\"eigh\" or \"newton\"'")
+@_structural("optimizers.shampoo", "root_method", "scale_by_shampoo.root_method")
+def _shampoo_root_methods(params):
+    return st.sampled_from(["eigh", "newton"])
+
+
 def _structural_for(target: str, option: str):
     return STRUCTURAL.get((target, option)) or STRUCTURAL.get(("*", option))
 

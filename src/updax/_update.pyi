@@ -561,6 +561,8 @@ class Update:
         start_preconditioning_step: int = 1,
         max_preconditioner_dim: int = 1024,
         graft: str = 'adam',
+        block_size: int | None = None,
+        root_method: str = 'eigh',
     ) -> Update:
         """Scales updates by Shampoo: Kronecker-factored inverse roots, the step size a diagonal method's. See
         :func:`updax.scale_by_shampoo`."""
