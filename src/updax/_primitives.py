@@ -234,11 +234,12 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
     exact; infinity and NaN pass through; a sum past the format's largest
     finite value may round to infinity, as to nearest. Leaves of float32
     and wider are summed as with ``"nearest"``; other formats narrower than
-    float32 (float8) are refused by leaf. The random bits come from ``key``
-    folded with the leaf's position among the params' leaves, so leaves
-    draw apart. A step needs new bits: pass a new key on every step, or
-    the step count the optimizer state already holds, and a jitted step
-    takes no new argument::
+    float32 (float8) are refused by leaf. The random bits are a hash of
+    ``key``, the leaf's position among the params' leaves and the element's
+    index, computed inside the sum's kernel (no buffer of random bits), so
+    leaves and elements draw apart. A step needs new bits: pass a new key on
+    every step, or the step count the optimizer state already holds, and a
+    jitted step takes no new argument::
 
         count = opt.get_state(state, "scale_by_adam.count")
         params = ux.apply_updates(params, updates, rounding="stochastic", key=count)
@@ -252,7 +253,7 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
         key: the random bits of ``"stochastic"``, which needs one (and
             ``"nearest"`` refuses one): a PRNG key (``jax.random.key``, or a
             raw ``jax.random.PRNGKey``), or an integer scalar such as a step
-            count ``n``, read as ``jax.random.fold_in(jax.random.key(0), n)``.
+            count ``n``, which draws the bits of ``jax.random.PRNGKey(n)``.
             A key reused on every step rounds every step alike, which is
             biased over the steps. Default: ``None``.
 
@@ -273,7 +274,7 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
         >>> jnp.unique(moved["w"])  # about one in eight rounds up, one step of 2**-7
         Array([1, 1.00781], dtype=bfloat16)
         >>> round(float(moved["w"].astype(jnp.float32).mean() - 1) * 2**10, 2)  # in eighths of a step: 1 +- 0.03
-        0.98
+        1.01
 
     References:
         P. Zamirai, J. Zhang, C. R. Aberger and C. De Sa, "Revisiting
@@ -288,7 +289,7 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
     if rounding == "nearest" and key is not None:
         raise ValueError("apply_updates(rounding='nearest'): a key was given, which only rounding='stochastic' "
                          "reads; pass rounding='stochastic' to round at random")
-    base = _rounding_key(key) if rounding == "stochastic" else None
+    words = _key_words(key) if rounding == "stochastic" else None
 
     def add(where, p, u, index):
         p, u = jnp.asarray(p), jnp.asarray(u)
@@ -302,13 +303,13 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
         if jnp.issubdtype(u.dtype, jnp.complexfloating) and not jnp.issubdtype(p.dtype, jnp.complexfloating):
             raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
                             "the imaginary part would be dropped")
-        if base is None or p.dtype.itemsize >= 4:
+        if words is None or p.dtype.itemsize >= 4:
             return _tree.added(p, u)
         if p.dtype not in _rounding.ROUNDED:
             raise TypeError(f"apply_updates(rounding='stochastic'): {leaf} has dtype {p.dtype}; stochastic "
                             "rounding handles bfloat16 and float16 params (and sums float32 and wider ones as "
                             "they are)")
-        return _tree.place_like(_rounding.stochastic_sum(p, u, base, jnp.uint32(index)), p)
+        return _tree.place_like(_rounding.stochastic_sum(p, u, words, jnp.uint32(index)), p)
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
@@ -316,9 +317,9 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
                               in enumerate(zip(leaves, treedef.flatten_up_to(updates)))])
 
 
-def _rounding_key(key: Any) -> jax.Array:
-    """``apply_updates``' key as a typed PRNG key: a key as it is, a raw key wrapped, an integer folded into
-    ``jax.random.key(0)``; anything else is refused."""
+def _key_words(key: Any) -> jax.Array:
+    """``apply_updates``' key as its data, uint32 words: a typed key's, a raw key as it is, an integer ``n`` as
+    ``jax.random.PRNGKey(n)``'s ``(0, n)``; anything else is refused."""
     if key is None:
         raise ValueError("apply_updates(rounding='stochastic'): needs a key, new on every step: a PRNG key "
                          "(jax.random.key) or an integer step count (opt.get_state(state, 'scale_by_adam.count'))")
@@ -326,15 +327,15 @@ def _rounding_key(key: Any) -> jax.Array:
         if key.shape != ():
             raise ValueError(f"apply_updates(rounding='stochastic'): key must be one PRNG key, got keys of shape "
                              f"{key.shape}")
-        return key
+        return jax.random.key_data(key)
     try:
         array = jnp.asarray(key)
     except TypeError:
         array = None
-    if array is not None and array.dtype == jnp.uint32 and array.ndim == 1:
-        return jax.random.wrap_key_data(array)  # (a raw jax.random.PRNGKey; a wrong length is refused by JAX)
+    if array is not None and array.dtype == jnp.uint32 and array.ndim == 1 and array.size:
+        return array  # (a raw jax.random.PRNGKey's words)
     if array is not None and array.shape == () and jnp.issubdtype(array.dtype, jnp.integer):
-        return jax.random.fold_in(jax.random.key(0), array)
+        return jnp.stack([jnp.uint32(0), array.astype(jnp.uint32)])
     raise TypeError(f"apply_updates(rounding='stochastic'): key must be a PRNG key (jax.random.key) or an integer "
                     f"scalar (a step count), got {type(key).__name__}"
                     + (f" of dtype {array.dtype} and shape {array.shape}" if array is not None else ""))

@@ -26,6 +26,11 @@ backend, jitted or not.
   every ``|x| >= 2**-33``; below (under ``2**-9`` of float16's smallest
   step) the probability of rounding up is exact to ``2**-32``.
   ``|x| >= 65536`` and infinity give infinity, as rounding to nearest does.
+
+The random bits (:func:`random_bits`) are a counter-based hash of the key's
+data, the leaf's position and each element's index: computed in the sum's
+kernel, with no buffer of bits, the same on one device as on a mesh, and a
+few integer operations to compile per leaf.
 """
 
 from __future__ import annotations
@@ -35,21 +40,46 @@ import jax.numpy as jnp
 
 from updax import _tree
 
-__all__ = ["ROUNDED", "rounded", "stochastic_sum"]
+__all__ = ["ROUNDED", "random_bits", "rounded", "stochastic_sum"]
 
 ROUNDED = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # the formats rounded stochastically
-_BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16, jnp.dtype(jnp.float16): jnp.uint32}  # the random bits each needs
+_GOLDEN = 0x9E3779B9  # 2**32 / the golden ratio: SplitMix's step between counters
 
 
 @jax.jit
-def stochastic_sum(p: jax.Array, u: jax.Array, key: jax.Array, index: jax.Array) -> jax.Array:
-    """``p + u`` in float32, rounded stochastically to ``p``'s dtype (one of :data:`ROUNDED`) with random bits
-    drawn from ``key`` folded with the leaf's ``index`` (so each leaf has its own bits). Jitted: one compiled
-    program per leaf signature when called eagerly, the same program inside a jitted step."""
+def stochastic_sum(p: jax.Array, u: jax.Array, words: jax.Array, index: jax.Array) -> jax.Array:
+    """``p + u`` in float32, rounded stochastically to ``p``'s dtype (one of :data:`ROUNDED`) by
+    :func:`random_bits` of the key's ``words`` and the leaf's ``index``. Jitted: one compiled program per leaf
+    signature when called eagerly, the same operations inside a jitted step."""
     x = _tree.place_like(jax.lax.add(_tree.cast(p, jnp.float32), _tree.cast(u, jnp.float32)), p)
-    bits = jax.random.bits(jax.random.fold_in(key, index), x.shape, _BITS[p.dtype],
-                           out_sharding=_tree.sharding_like(p))
-    return rounded(x, bits.astype(jnp.uint32), p.dtype)
+    bits = random_bits(words, index, x.shape, _tree.sharding_like(p))
+    return rounded(x, bits >> 16 if p.dtype == jnp.bfloat16 else bits, p.dtype)
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser (Appleby), a bijection whose every output bit depends on every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def random_bits(words: jax.Array, index: jax.Array, shape: tuple[int, ...], sharding=None) -> jax.Array:
+    """Uniform uint32 bits of ``shape``, one word per element, from a key's data ``words`` (uint32) and a leaf's
+    ``index``: a counter-based generator in the manner of SplitMix (Steele et al. 2014), each element's flat
+    index stepped by the golden ratio from a seed and mixed twice. Elementwise in an iota, so it computes in
+    the sum's own kernel and on each shard its own slice (``sharding``: the leaf's, where one is known), and
+    costs a few integer operations to compile, where ``jax.random.bits``' Threefry costs XLA:CPU more per leaf
+    than the rest of an Adam step (docs/memory.md)."""
+    seed, other = _mix(index.astype(jnp.uint32) * jnp.uint32(_GOLDEN) + jnp.uint32(1)), jnp.uint32(0)
+    for w in words:  # (a threefry key has two words, an rbg key four)
+        seed, other = _mix(seed ^ w), _mix(other + seed)
+    flat, stride = jnp.uint32(0), 1
+    for axis in reversed(range(len(shape))):
+        flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding) * jnp.uint32(stride)
+        stride *= shape[axis]
+    return _mix(_mix(flat * jnp.uint32(_GOLDEN) + seed) ^ other)
 
 
 def rounded(x: jax.Array, bits: jax.Array, dtype: jnp.dtype) -> jax.Array:
