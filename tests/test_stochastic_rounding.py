@@ -303,7 +303,8 @@ def test_the_random_bits_are_uniform_and_uncorrelated_across_elements_leaves_and
     n = 2**20
 
     def draw(words, index, shape=(1024, 1024)):
-        return np.asarray(_rounding.random_bits(jnp.asarray(words, jnp.uint32), jnp.uint32(index), shape)).ravel()
+        (seed,) = _rounding.leaf_seeds(jnp.asarray(words, jnp.uint32), [index])
+        return np.asarray(_rounding.random_bits(seed, shape)).ravel()
 
     base = draw([0, 7], 0)
     ones = np.unpackbits(base.view(np.uint8)).reshape(n, 32).mean(axis=0)

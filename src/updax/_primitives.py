@@ -291,7 +291,7 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
                          "reads; pass rounding='stochastic' to round at random")
     words = _key_words(key) if rounding == "stochastic" else None
 
-    def add(where, p, u, index):
+    def checked(where, p, u):
         p, u = jnp.asarray(p), jnp.asarray(u)
         leaf = f"params{jax.tree_util.keystr(where)}"
         if p.shape != u.shape:
@@ -303,18 +303,20 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
         if jnp.issubdtype(u.dtype, jnp.complexfloating) and not jnp.issubdtype(p.dtype, jnp.complexfloating):
             raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
                             "the imaginary part would be dropped")
-        if words is None or p.dtype.itemsize >= 4:
-            return _tree.added(p, u)
-        if p.dtype not in _rounding.ROUNDED:
+        if words is not None and p.dtype.itemsize < 4 and p.dtype not in _rounding.ROUNDED:
             raise TypeError(f"apply_updates(rounding='stochastic'): {leaf} has dtype {p.dtype}; stochastic "
                             "rounding handles bfloat16 and float16 params (and sums float32 and wider ones as "
                             "they are)")
-        return _tree.place_like(_rounding.stochastic_sum(p, u, words, jnp.uint32(index)), p)
+        return p, u
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    return treedef.unflatten([add(where, p, u, i) for i, ((where, p), u)
-                              in enumerate(zip(leaves, treedef.flatten_up_to(updates)))])
+    pairs = [checked(where, p, u) for (where, p), u in zip(leaves, treedef.flatten_up_to(updates))]
+    rounded = [i for i, (p, _) in enumerate(pairs) if words is not None and p.dtype in _rounding.ROUNDED]
+    seeds = dict(zip(rounded, _rounding.leaf_seeds(words, rounded))) if rounded else {}
+    return treedef.unflatten([
+        _tree.place_like(_rounding.stochastic_sum(p, u, seeds[i]), p) if i in seeds else _tree.added(p, u)
+        for i, (p, u) in enumerate(pairs)])
 
 
 def _key_words(key: Any) -> jax.Array:
