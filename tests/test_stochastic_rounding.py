@@ -317,3 +317,53 @@ def test_the_random_bits_are_uniform_and_uncorrelated_across_elements_leaves_and
         r = np.corrcoef(base.astype(np.float64), other.astype(np.float64))[0, 1]
         assert abs(r) < 5 / np.sqrt(n), (name, r)
     np.testing.assert_array_equal(base, draw([0, 7], 0, (n,)))  # an element's bits follow its flat index
+
+
+MESH_SCRIPT = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import updax as ux
+
+rng = np.random.default_rng(0)
+params = {"a": jnp.asarray(rng.standard_normal((16, 8)), jnp.bfloat16),
+          "b": [jnp.asarray(rng.standard_normal(8), jnp.float16), None],
+          "c": jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)}
+updates = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape) * 3e-3, jnp.float32), params)
+step = lambda p, u, n: ux.apply_updates(p, u, rounding="stochastic", key=n)
+reference = jax.jit(step)(params, updates, 5)
+problems = []
+for axis_type in (AxisType.Explicit, AxisType.Auto):
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
+    split = {"a": P("data", "model"), "b": [P("data"), None], "c": P(None, "model")}
+    whole = {"a": P(), "b": [P(), None], "c": P()}
+    with jax.set_mesh(mesh):
+        place = lambda tree, specs: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), tree, specs)
+        # split like the params; then ZeRO-1's case, params whole and updates split over the data axis
+        for name, p, u in [("split", place(params, split), place(updates, split)),
+                           ("zero1", place(params, whole), place(updates, split))]:
+            for how, out, near in [("jit", jax.jit(step)(p, u, 5), jax.jit(ux.apply_updates)(p, u)),
+                                   ("eager", step(p, u, 5), ux.apply_updates(p, u))]:
+                for x, y, q in zip(jax.tree.leaves(out), jax.tree.leaves(reference), jax.tree.leaves(near)):
+                    if not np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)):
+                        problems.append(f"{axis_type.name} {name} {how}: bits differ for a {x.dtype} leaf")
+                    if not x.sharding.is_equivalent_to(q.sharding, x.ndim):
+                        problems.append(f"{axis_type.name} {name} {how}: {x.sharding} where nearest gives "
+                                        f"{q.sharding}")
+print("PROBLEMS", problems)
+"""
+
+
+def test_eight_devices_round_as_one_does_bit_for_bit():
+    """On a 4x2 mesh of host devices (Explicit and Auto), with the params split and with ZeRO-1's updates split
+    over the data axis, jitted and eager: the same bits as one device, each leaf placed as rounding to nearest
+    places it (like its param; under jit on an Auto mesh, where no sharding is known while tracing, as XLA
+    propagates it)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "PROBLEMS []" in done.stdout, done.stdout[-3000:]
