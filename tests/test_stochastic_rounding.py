@@ -303,8 +303,8 @@ def test_the_random_bits_are_uniform_and_uncorrelated_across_elements_leaves_and
     n = 2**20
 
     def draw(words, index, shape=(1024, 1024)):
-        (seed,) = _rounding.leaf_seeds(jnp.asarray(words, jnp.uint32), [index])
-        return np.asarray(_rounding.random_bits(seed, shape)).ravel()
+        (seeds,) = _rounding.leaf_seeds(jnp.asarray(words, jnp.uint32), [index], None)
+        return np.asarray(_rounding.random_bits(*seeds, shape)).ravel()
 
     base = draw([0, 7], 0)
     ones = np.unpackbits(base.view(np.uint8)).reshape(n, 32).mean(axis=0)
@@ -367,3 +367,35 @@ def test_eight_devices_round_as_one_does_bit_for_bit():
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "PROBLEMS []" in done.stdout, done.stdout[-3000:]
+
+
+def _distinct_kernels(compiled) -> int:
+    """The fused computations of a compiled program that differ in more than their names."""
+    import re
+
+    bodies = set()
+    for block in re.findall(r"^(%?fused_computation[^\n]*\{\n.*?\n\})", compiled.as_text(), re.S | re.M):
+        body = "\n".join(line.split("=", 1)[-1] for line in block.splitlines()[1:])
+        bodies.add(re.sub(r", metadata=\{[^}]*\}", "", re.sub(r"%[\w.\-]+", "%x", body)))
+    return len(bodies)
+
+
+def test_leaves_of_one_shape_share_one_kernel_and_the_backend_hint_changes_no_bit():
+    """Each leaf's seed is read from a buffer (updax._backend._apart.one_kernel_outputs), not written into its
+    kernel: twelve leaves of two shapes compile to the kernels of nearest rounding plus at most two (the seeds'
+    and the key's), where seeds written in would make twelve. The generic path (hints off) draws the same bits."""
+    rng = np.random.default_rng(3)
+    params = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(64, 32)] * 6 + [(48,)] * 6]
+    updates = [jnp.asarray(rng.standard_normal(p.shape) * 1e-3, jnp.float32) for p in params]
+    nearest = jax.jit(ux.apply_updates).lower(params, updates).compile()
+    step = jax.jit(lambda p, u, n: ux.apply_updates(p, u, rounding="stochastic", key=n))
+    stochastic = step.lower(params, updates, 3).compile()
+    assert _distinct_kernels(stochastic) <= _distinct_kernels(nearest) + 2, (
+        _distinct_kernels(stochastic), _distinct_kernels(nearest))
+    with ux.backend_hints(False):
+        generic = jax.jit(lambda p, u, n: ux.apply_updates(p, u, rounding="stochastic", key=n))(params, updates, 3)
+        generic_kernels = _distinct_kernels(jax.jit(lambda p, u, n: ux.apply_updates(
+            p, u, rounding="stochastic", key=n)).lower(params, updates, 3).compile())
+    assert generic_kernels >= 12  # the counter-case: without the hint each leaf's kernel is its own program
+    for a, b in zip(stochastic(params, updates, 3), generic):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))

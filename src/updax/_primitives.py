@@ -313,9 +313,9 @@ def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: 
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     pairs = [checked(where, p, u) for (where, p), u in zip(leaves, treedef.flatten_up_to(updates))]
     rounded = [i for i, (p, _) in enumerate(pairs) if words is not None and p.dtype in _rounding.ROUNDED]
-    seeds = dict(zip(rounded, _rounding.leaf_seeds(words, rounded))) if rounded else {}
+    seeds = dict(zip(rounded, _rounding.leaf_seeds(words, rounded, params))) if rounded else {}
     return treedef.unflatten([
-        _tree.place_like(_rounding.stochastic_sum(p, u, seeds[i]), p) if i in seeds else _tree.added(p, u)
+        _tree.place_like(_rounding.stochastic_sum(p, u, *seeds[i]), p) if i in seeds else _tree.added(p, u)
         for i, (p, u) in enumerate(pairs)])
 
 

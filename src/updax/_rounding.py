@@ -30,10 +30,13 @@ backend, jitted or not.
 The random bits (:func:`random_bits`) are a counter-based hash of the key's
 data, the leaf's position and each element's index: computed in the sum's
 kernel, with no buffer of bits, the same on one device as on a mesh, and a
-few integer operations to compile per leaf.
+few integer operations to compile. Each leaf's seeds reach its kernel from a
+buffer (:func:`leaf_seeds`), so leaves of one shape share one kernel.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,27 +50,26 @@ ROUNDED = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # the formats round
 _GOLDEN = 0x9E3779B9  # 2**32 / the golden ratio: SplitMix's step between counters
 
 
-def leaf_seeds(words: jax.Array, positions: list[int]) -> list[jax.Array]:
-    """The seeds of :func:`random_bits` for the leaves at ``positions``, uint32 pairs mixed from a key's data
-    ``words`` and each leaf's position: computed together, each then read from a buffer of its own in a jitted step
-    (:func:`updax._backend._apart.computed_once`). Written into each leaf's kernel as a number of its own, a
-    seed would make every leaf's kernel a program of its own, where leaves of one shape share one (XLA:CPU's
-    compile of a step of T's 384 leaves took ten times as long)."""
+def leaf_seeds(words: jax.Array, positions: list[int], step: Any) -> list[tuple[jax.Array, jax.Array]]:
+    """The seeds of :func:`random_bits` for the leaves at ``positions`` of a step that reads ``step``: pairs
+    of uint32 scalars mixed from a key's data ``words`` and each leaf's position. In a jitted step they are the
+    outputs of one kernel (:func:`updax._backend._apart.one_kernel_outputs`), read from buffers, so that the
+    kernels of leaves of one shape stay one program."""
     index = jnp.asarray(positions, jnp.uint32)
     seed, other = _mix(index * jnp.uint32(_GOLDEN) + jnp.uint32(1)), jnp.zeros(index.shape, jnp.uint32)
     for w in words:  # (a threefry key has two words, an rbg key four)
         seed, other = _mix(seed ^ w), _mix(other + seed)
-    (pairs,) = _apart.computed_once([jnp.stack([seed, other], axis=1)])
-    return _apart.computed_once(list(pairs))
+    flat = _apart.one_kernel_outputs([*seed, *other], step)
+    return list(zip(flat[:len(positions)], flat[len(positions):]))
 
 
 @jax.jit
-def stochastic_sum(p: jax.Array, u: jax.Array, seed: jax.Array) -> jax.Array:
+def stochastic_sum(p: jax.Array, u: jax.Array, seed: jax.Array, other: jax.Array) -> jax.Array:
     """``p + u`` in float32, rounded stochastically to ``p``'s dtype (one of :data:`ROUNDED`) by
-    :func:`random_bits` of the leaf's ``seed`` (:func:`leaf_seeds`). Jitted: one compiled program per leaf
+    :func:`random_bits` of the leaf's seeds (:func:`leaf_seeds`). Jitted: one compiled program per leaf
     signature when called eagerly, the same operations inside a jitted step."""
     x = _tree.place_like(jax.lax.add(_tree.cast(p, jnp.float32), _tree.cast(u, jnp.float32)), p)
-    bits = random_bits(seed, x.shape, _tree.sharding_like(p))
+    bits = random_bits(seed, other, x.shape, _tree.sharding_like(p))
     return rounded(x, bits >> 16 if p.dtype == jnp.bfloat16 else bits, p.dtype)
 
 
@@ -80,8 +82,8 @@ def _mix(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
-def random_bits(seed: jax.Array, shape: tuple[int, ...], sharding=None) -> jax.Array:
-    """Uniform uint32 bits of ``shape``, one word per element, from a leaf's ``seed`` (a uint32 pair,
+def random_bits(seed: jax.Array, other: jax.Array, shape: tuple[int, ...], sharding=None) -> jax.Array:
+    """Uniform uint32 bits of ``shape``, one word per element, from a leaf's seeds (uint32 scalars,
     :func:`leaf_seeds`): a counter-based generator in the manner of SplitMix (Steele et al. 2014), each
     element's flat index stepped by the golden ratio from the seed and mixed twice. Elementwise in an iota, so
     it computes in the sum's own kernel and on each shard its own slice (``sharding``: the leaf's, where one is
@@ -91,7 +93,7 @@ def random_bits(seed: jax.Array, shape: tuple[int, ...], sharding=None) -> jax.A
     for axis in reversed(range(len(shape))):
         flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding) * jnp.uint32(stride)
         stride *= shape[axis]
-    return _mix(_mix(flat * jnp.uint32(_GOLDEN) + seed[0]) ^ seed[1])
+    return _mix(_mix(flat * jnp.uint32(_GOLDEN) + seed) ^ other)
 
 
 def rounded(x: jax.Array, bits: jax.Array, dtype: jnp.dtype) -> jax.Array:

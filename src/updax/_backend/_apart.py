@@ -23,6 +23,10 @@ false.
 - :func:`traced_pure`: a step added to the trace once more, only when it
   has no effects (``accumulate_gradients`` computes an elementwise step on
   every call).
+- :func:`one_kernel_outputs`: stochastic rounding's per-leaf seeds, the
+  outputs of one kernel, so that the kernels of leaves of one shape stay
+  one program compiled once (``tests/test_stochastic_rounding.py`` counts
+  them and checks the bits against the generic path).
 
 What each saves: ``python benchmarks/in_place.py`` (results in
 ``benchmarks/results/in_place*.md``, summed up in docs/performance-xla.md, "The
@@ -42,7 +46,7 @@ from jax.extend.core import Literal
 
 from updax._backend import _switch
 
-__all__ = ["computed_once", "stored_step", "traced_apart", "traced_pure"]
+__all__ = ["computed_once", "one_kernel_outputs", "stored_step", "traced_apart", "traced_pure"]
 
 
 def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
@@ -60,6 +64,27 @@ def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
         return values
     ones: dict = {}
     return [_over_one(x, ones) for x in values]
+
+
+def one_kernel_outputs(values: Sequence[jax.Array], step: Any) -> list[jax.Array]:
+    """``values``, unsigned integer scalars of a step that reads ``step``, as the outputs of one kernel that
+    XLA neither folds nor duplicates into their readers: each reader reads its value from a buffer.
+
+    For numbers that differ from leaf to leaf, such as stochastic rounding's seeds
+    (:func:`updax._rounding.leaf_seeds`). Written into each leaf's kernel (as XLA does with a cheap scalar, and
+    with a constant), they make the kernels of leaves of one shape programs of their own, each compiled apart,
+    where they would be one program compiled once: a step of T's 384 leaves (8 shapes) compiled in about four
+    times nearest's time. Each value is divided by a barrier'd 1 (so that no constant is folded through) and
+    paired with a 0, and one variadic reduction by ``xor`` gives each back as one of its outputs: one kernel
+    for all of them.
+    """
+    values = list(values)
+    if not values or not _switch.hinted(step):
+        return values
+    one = jax.lax.optimization_barrier(jnp.ones((), values[0].dtype))
+    zero = jnp.zeros((), values[0].dtype)
+    pairs = [jnp.stack([jax.lax.div(v, one), zero]) for v in values]
+    return list(jax.lax.reduce(pairs, [zero] * len(pairs), lambda xs, ys: [x ^ y for x, y in zip(xs, ys)], (0,)))
 
 
 def _over_one(x: jax.Array, ones: dict) -> jax.Array:
