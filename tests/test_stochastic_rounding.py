@@ -380,10 +380,11 @@ def _distinct_kernels(compiled) -> int:
     return len(bodies)
 
 
-def test_leaves_of_one_shape_share_one_kernel_and_the_backend_hint_changes_no_bit():
-    """Each leaf's seed is read from a buffer (updax._backend._apart.one_kernel_outputs), not written into its
-    kernel: twelve leaves of two shapes compile to the kernels of nearest rounding plus at most two (the seeds'
-    and the key's), where seeds written in would make twelve. The generic path (hints off) draws the same bits."""
+def test_the_seeds_come_from_one_kernel_and_the_backend_hint_changes_no_bit():
+    """Each leaf's seeds are read from a buffer (updax._backend._apart.one_kernel_outputs), not computed in its
+    kernel: twelve leaves of two shapes compile to kernels of as many kinds as nearest rounding's plus at most
+    two (the seeds'), where seeds computed in each kernel make twelve kinds. The generic path (hints off) draws
+    the same bits."""
     rng = np.random.default_rng(3)
     params = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(64, 32)] * 6 + [(48,)] * 6]
     updates = [jnp.asarray(rng.standard_normal(p.shape) * 1e-3, jnp.float32) for p in params]

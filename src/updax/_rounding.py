@@ -31,7 +31,7 @@ The random bits (:func:`random_bits`) are a counter-based hash of the key's
 data, the leaf's position and each element's index: computed in the sum's
 kernel, with no buffer of bits, the same on one device as on a mesh, and a
 few integer operations to compile. Each leaf's seeds reach its kernel from a
-buffer (:func:`leaf_seeds`), so leaves of one shape share one kernel.
+buffer (:func:`leaf_seeds`), computed once for all leaves.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ _GOLDEN = 0x9E3779B9  # 2**32 / the golden ratio: SplitMix's step between counte
 def leaf_seeds(words: jax.Array, positions: list[int], step: Any) -> list[tuple[jax.Array, jax.Array]]:
     """The seeds of :func:`random_bits` for the leaves at ``positions`` of a step that reads ``step``: pairs
     of uint32 scalars mixed from a key's data ``words`` and each leaf's position. In a jitted step they are the
-    outputs of one kernel (:func:`updax._backend._apart.one_kernel_outputs`), read from buffers, so that the
-    kernels of leaves of one shape stay one program."""
+    outputs of one kernel (:func:`updax._backend._apart.one_kernel_outputs`), read from buffers, rather than
+    computed again in each leaf's kernel."""
     index = jnp.asarray(positions, jnp.uint32)
     seed, other = _mix(index * jnp.uint32(_GOLDEN) + jnp.uint32(1)), jnp.zeros(index.shape, jnp.uint32)
     for w in words:  # (a threefry key has two words, an rbg key four)

@@ -24,9 +24,9 @@ false.
   has no effects (``accumulate_gradients`` computes an elementwise step on
   every call).
 - :func:`one_kernel_outputs`: stochastic rounding's per-leaf seeds, the
-  outputs of one kernel, so that the kernels of leaves of one shape stay
-  one program compiled once (``tests/test_stochastic_rounding.py`` counts
-  them and checks the bits against the generic path).
+  outputs of one kernel rather than computed again in each leaf's
+  (``tests/test_stochastic_rounding.py`` counts the kernels and checks the
+  bits against the generic path).
 
 What each saves: ``python benchmarks/in_place.py`` (results in
 ``benchmarks/results/in_place*.md``, summed up in docs/performance-xla.md, "The
@@ -71,12 +71,12 @@ def one_kernel_outputs(values: Sequence[jax.Array], step: Any) -> list[jax.Array
     XLA neither folds nor duplicates into their readers: each reader reads its value from a buffer.
 
     For numbers that differ from leaf to leaf, such as stochastic rounding's seeds
-    (:func:`updax._rounding.leaf_seeds`). Written into each leaf's kernel (as XLA does with a cheap scalar, and
-    with a constant), they make the kernels of leaves of one shape programs of their own, each compiled apart,
-    where they would be one program compiled once: a step of T's 384 leaves (8 shapes) compiled in about four
-    times nearest's time. Each value is divided by a barrier'd 1 (so that no constant is folded through) and
-    paired with a 0, and one variadic reduction by ``xor`` gives each back as one of its outputs: one kernel
-    for all of them.
+    (:func:`updax._rounding.leaf_seeds`). Left to XLA, each leaf's kernel
+    computes its seeds again (a chain of integer mixes per leaf) or slices them from a vector in a small kernel
+    of its own, and XLA:CPU compiles every kernel apart: a step of T's 384 leaves compiled in ten times
+    nearest's time, against four to six times with one kernel for all seeds. Each value is divided by a
+    barrier'd 1 (so that no constant is folded through) and paired with a 0, and one variadic reduction by
+    ``xor`` gives each back as one of its outputs.
     """
     values = list(values)
     if not values or not _switch.hinted(step):
