@@ -85,15 +85,15 @@ def _mix(x: jax.Array) -> jax.Array:
 def random_bits(seed: jax.Array, other: jax.Array, shape: tuple[int, ...], sharding=None) -> jax.Array:
     """Uniform uint32 bits of ``shape``, one word per element, from a leaf's seeds (uint32 scalars,
     :func:`leaf_seeds`): a counter-based generator in the manner of SplitMix (Steele et al. 2014), each
-    element's flat index stepped by the golden ratio from the seed and mixed twice. Elementwise in an iota, so
+    element's flat index stepped by the golden ratio from the seed, mixed, and xor'd with the other seed. Elementwise in an iota, so
     it computes in the sum's own kernel and on each shard its own slice (``sharding``: the leaf's, where one is
-    known), and costs a few integer operations to compile, where ``jax.random.bits``' Threefry costs XLA:CPU
-    more per leaf than the rest of an Adam step (docs/memory.md)."""
+    known), with no buffer of bits, where ``jax.random.bits``' Threefry per leaf made an Adam step ten times as
+    long, with full-size temporaries (docs/memory.md)."""
     flat, stride = jnp.uint32(0), 1
     for axis in reversed(range(len(shape))):
         flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding) * jnp.uint32(stride)
         stride *= shape[axis]
-    return _mix(_mix(flat * jnp.uint32(_GOLDEN) + seed) ^ other)
+    return _mix(flat * jnp.uint32(_GOLDEN) + seed) ^ other
 
 
 def rounded(x: jax.Array, bits: jax.Array, dtype: jnp.dtype) -> jax.Array:

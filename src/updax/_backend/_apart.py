@@ -73,8 +73,7 @@ def one_kernel_outputs(values: Sequence[jax.Array], step: Any) -> list[jax.Array
     For numbers that differ from leaf to leaf, such as stochastic rounding's seeds
     (:func:`updax._rounding.leaf_seeds`). Left to XLA, each leaf's kernel
     computes its seeds again (a chain of integer mixes per leaf) or slices them from a vector in a small kernel
-    of its own, and XLA:CPU compiles every kernel apart: a step of T's 384 leaves compiled in ten times
-    nearest's time, against four to six times with one kernel for all seeds. Each value is divided by a
+    of its own, and XLA:CPU compiles every kernel apart (docs/memory.md, "What it costs"). Each value is divided by a
     barrier'd 1 (so that no constant is folded through) and paired with a 0, and one variadic reduction by
     ``xor`` gives each back as one of its outputs.
     """
