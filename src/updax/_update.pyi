@@ -210,8 +210,8 @@ class Update:
         """Clips each example's gradient to a global L2 norm of ``l2_norm_clip``, then sums over the examples.
         See :func:`updax.per_example_global_norm_clip`."""
     def per_example_layer_norm_clip(self, l2_norm_clip: ScalarOrSchedule = 1.0, uniform: bool = True) -> Update:
-        """Clips each example's gradient layer by layer, each leaf to its share of ``l2_norm_clip``, then sums.
-        See :func:`updax.per_example_layer_norm_clip`."""
+        """Clips each example's gradient leaf by leaf, each to its share of ``l2_norm_clip``, then sums. See
+        :func:`updax.per_example_layer_norm_clip`."""
     def reduce_on_plateau(
         self,
         factor: ScalarOrSchedule = 0.1,
@@ -708,8 +708,8 @@ class Update:
         """Keeps a copy of the updates at this point of the pipeline in its state; the updates pass unchanged.
         See :func:`updax.snapshot`."""
     def split_real_and_imaginary(self) -> Update:
-        """Runs the pipeline before it on the real and imaginary parts of complex leaves as separate real
-        leaves. See :func:`updax.split_real_and_imaginary`."""
+        """Runs the pipeline before it on the real and imaginary parts of complex leaves, as real leaves. See
+        :func:`updax.split_real_and_imaginary`."""
     def stateful(
         self,
         init_fn: Callable[..., Any],

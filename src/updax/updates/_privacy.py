@@ -157,7 +157,7 @@ def _apply_per_example_layer_norm_clip(updates, params, *, l2_norm_clip, uniform
 
 @combinator
 def per_example_layer_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0, uniform: bool = True) -> Update:
-    r"""Clips each example's gradient layer by layer, each leaf to its share of ``l2_norm_clip``, then sums.
+    r"""Clips each example's gradient leaf by leaf, each to its share of ``l2_norm_clip``, then sums.
 
     Update rule, for updates with a leading axis of $B$ examples and $K$
     leaves (layers), leaf $i$ of example $b$ being $g_{b,i}$ with $D_i$

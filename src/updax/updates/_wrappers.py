@@ -482,7 +482,7 @@ def _apply_split_real_and_imaginary(updates, state, params, *, inner, **extra):
 
 @combinator(wraps=True)
 def split_real_and_imaginary(inner: Update) -> Update:
-    r"""Runs the pipeline before it on the real and imaginary parts of complex leaves as separate real leaves.
+    r"""Runs the pipeline before it on the real and imaginary parts of complex leaves, as real leaves.
 
     Each complex leaf $z = x + iy$ of the updates and params becomes the
     pair of real leaves $(x, y)$ for the wrapped pipeline, and its output
