@@ -116,15 +116,16 @@ def _built_in(name: str, num_microbatches: int, count: Any, dtype: Any) -> Accum
     if name == "sum":
         return total
     mean_dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float32  # (the mean of integers: a float)
+    kept = _accumulating(mean_dtype)
     if name == "mean":
-        return total._replace(finalize=lambda carry: (carry / jnp.asarray(count).astype(carry.dtype)).astype(
-            mean_dtype) if jnp.issubdtype(carry.dtype, jnp.inexact) else (carry / count).astype(mean_dtype))
+        return Accumulator(init=lambda s: jnp.zeros(s.shape, kept), update=total.update,
+                           finalize=lambda carry: (carry / jnp.asarray(count).astype(kept)).astype(mean_dtype))
 
     def running(carry, x, i):  # the mean of the first i + 1 values, kept in place of a sum
-        x = jnp.asarray(x).astype(carry.dtype)
-        return carry + (x - carry) / (jnp.asarray(i) + 1).astype(carry.dtype)
+        x = jnp.asarray(x).astype(kept)
+        return carry + (x - carry) / (jnp.asarray(i) + 1).astype(kept)
 
-    return Accumulator(init=lambda s: jnp.zeros(s.shape, _accumulating(mean_dtype)), update=running,
+    return Accumulator(init=lambda s: jnp.zeros(s.shape, kept), update=running,
                        finalize=lambda carry: carry.astype(mean_dtype))
 
 

@@ -294,11 +294,11 @@ def unitwise_clip(g_norm: jax.typing.ArrayLike, max_norm: jax.typing.ArrayLike, 
     Example:
         >>> import jax.numpy as jnp
         >>> import updax as ux
-        >>> g = jnp.array([[3.0, 0.3], [4.0, 0.4]])  # columns of norm 5 and 0.5
+        >>> g = jnp.array([[6.0, 0.5], [8.0, 0.0]])  # columns of norm 10 and 0.5
         >>> norms = jnp.linalg.norm(g, axis=0, keepdims=True)
-        >>> ux.unitwise_clip(norms, jnp.ones_like(norms), g)
-        Array([[0.6       , 0.3       ],
-               [0.8       , 0.40000004]], dtype=float32)
+        >>> ux.unitwise_clip(norms, 5.0, g)  # the first scaled to norm 5
+        Array([[3. , 0.5],
+               [4. , 0. ]], dtype=float32)
 
     References:
         Brock et al., "High-Performance Large-Scale Image Recognition Without
@@ -369,6 +369,6 @@ def normalize_by_update_norm(scale_factor: ScalarOrSchedule = 1.0, eps: ScalarOr
         section 3.2.3 (normalised gradient); optax.normalize_by_update_norm
         (same rule and options).
     """
-    return stateless(_apply_normalize_by_update_norm, name="normalize_by_update_norm",
+    return stateless(_apply_normalize_by_update_norm, elementwise=True, name="normalize_by_update_norm",
                      options=dict(scale_factor=scale_factor, eps=eps),
                      domains=dict(scale_factor=ANY_REAL, eps=NON_NEGATIVE), schedulable=("scale_factor", "eps"))

@@ -189,10 +189,10 @@ def per_example_layer_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0, uniform: b
     Example:
         >>> import jax.numpy as jnp
         >>> import updax as ux
-        >>> grads = {"a": jnp.array([[3.0, 4.0], [0.3, 0.4]]), "b": jnp.array([[0.0], [2.0]])}  # two examples
-        >>> opt = ux.per_example_layer_norm_clip(l2_norm_clip=jnp.sqrt(2.0))  # 1 per layer
-        >>> opt.update(grads, opt.init(None))[0]
-        {'a': Array([0.90000004, 1.2       ], dtype=float32), 'b': Array([1.], dtype=float32)}
+        >>> grads = [jnp.array([4.0, 0.5]), jnp.array([-2.0, 0.25]), jnp.array([1.0, 8.0]), jnp.zeros(2)]
+        >>> opt = ux.per_example_layer_norm_clip(l2_norm_clip=2.0)  # 4 layers of 2 examples: 2/√4 = 1 each
+        >>> opt.update(grads, opt.init(None))[0]  # 4/4 + 0.5, -2/2 + 0.25, 1 + 8/8, 0
+        [Array(1.5, dtype=float32), Array(-0.75, dtype=float32), Array(2., dtype=float32), Array(0., dtype=float32)]
 
     References:
         McMahan et al., "Learning Differentially Private Recurrent Language

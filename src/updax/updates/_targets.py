@@ -120,7 +120,8 @@ def _steps(call: str, steps: ArrayLike) -> jax.Array:
     except TypeError:
         raise TypeError(f"{call}(steps={steps!r}): steps must be an integer >= 0") from None
     if array.shape != () or not jnp.issubdtype(array.dtype, jnp.integer):
-        raise TypeError(f"{call}(steps=...): steps must be an integer scalar, not {array.dtype.name}{list(array.shape)}")
+        raise TypeError(f"{call}(steps=...): steps must be an integer scalar, not "
+                        f"{array.dtype.name}{list(array.shape)}")
     if is_concrete(array) and int(np.asarray(array)) < 0:
         raise ValueError(f"{call}(steps={int(np.asarray(array))}): steps must be >= 0")
     return array

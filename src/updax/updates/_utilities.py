@@ -309,6 +309,21 @@ def _init_monitor(params, *, measures, with_params):
     return MonitorState(measurements=measurements, averages=averages, count=_tree.zero_count())
 
 
+def _ema_step(measure, averages, value, count):
+    """One call of a :class:`measure_with_ema`: the new raw averages, and the measurement, divided by
+    ``1 - b^t`` where it is debiased (``b^t`` in float32 from the count; nothing to divide by while it is 0)."""
+    b = jnp.asarray(measure.decay, jnp.float32)
+    correction = 1 - b ** _tree.float_count(count) if measure.debias else jnp.ones([], jnp.float32)
+    correction = jnp.where(correction > 0, correction, 1.0)
+
+    def leaf(a, x):
+        c = _tree.compute_dtype(a.dtype, jnp.result_type(x))
+        average = b.astype(c) * a.astype(c) + (1 - b.astype(c)) * jnp.asarray(x).astype(c)
+        return average.astype(a.dtype), (average / correction.astype(c)).astype(a.dtype)
+
+    return _tree.tree_map_unzip("monitor", leaf, 2, averages, value, names=("state.averages", "the measurement"))
+
+
 def _apply_monitor(updates, state, params, *, measures, with_params):
     count = _tree.safe_increment(state.count)
     measurements, averages = {}, {}
@@ -316,26 +331,11 @@ def _apply_monitor(updates, state, params, *, measures, with_params):
         value = _measured(measure, updates, params, with_params)
         _tree.check_same_structure("monitor", state.measurements[name], value, f"the measurement {name!r} at init",
                                    f"the measurement {name!r}")
-        if not isinstance(measure, measure_with_ema):
+        if isinstance(measure, measure_with_ema):
+            averages[name], measurements[name] = _ema_step(measure, state.averages[name], value, count)
+        else:  # a copy in the dtypes init gave, sharing no buffer with what the measure returned
             measurements[name] = jax.tree.map(lambda old, new: jnp.array(new, dtype=old.dtype, copy=True),
                                               state.measurements[name], value)
-            continue
-        b = jnp.asarray(measure.decay, jnp.float32)
-
-        def average(a, x, b=b):
-            c = _tree.compute_dtype(a.dtype, jnp.result_type(x))
-            return (b.astype(c) * a.astype(c) + (1 - b.astype(c)) * jnp.asarray(x).astype(c)).astype(a.dtype)
-
-        averages[name] = jax.tree.map(average, state.averages[name], value)
-        if measure.debias:
-            # 1 - b^t, with the t-th power taken in float32 from the count (b^0 = 1: no division before a call)
-            correction = 1 - b ** _tree.float_count(count)
-            measurements[name] = jax.tree.map(
-                lambda a, corr=correction: (a.astype(_tree.compute_dtype(a.dtype))
-                                            / jnp.where(corr > 0, corr, 1.0).astype(_tree.compute_dtype(a.dtype))
-                                            ).astype(a.dtype), averages[name])
-        else:
-            measurements[name] = averages[name]
     return updates, MonitorState(measurements=measurements, averages=averages, count=count)
 
 
