@@ -44,9 +44,9 @@ __all__ = ["Accumulator", "microbatch", "reshape_batch_axis"]
 
 
 class Accumulator(NamedTuple):
-    """How :func:`microbatch` combines the results of one output of ``fun`` over the microbatches.
+    r"""How :func:`microbatch` combines the results of one output of ``fun`` over the microbatches.
 
-    Given the microbatches' values $x_0, \\dots, x_{n-1}$ of that output, the
+    Given the microbatches' values $x_0, \dots, x_{n-1}$ of that output, the
     result is::
 
         carry = init(shape)            # shape: a jax.ShapeDtypeStruct of one value
@@ -55,13 +55,9 @@ class Accumulator(NamedTuple):
         result = finalize(carry)
 
     ``"sum"``, ``"mean"``, ``"running_mean"`` and ``"concat"`` name the
-    built-in ones.
-
-    Args:
-        init: ``shape -> carry``, the carry before the first microbatch.
-            No default.
-        update: ``(carry, value, index) -> carry``, jittable. No default.
-        finalize: ``carry -> result``. No default.
+    built-in ones. Its fields: ``init``, ``shape -> carry``, the carry
+    before the first microbatch; ``update``, ``(carry, value, index) ->
+    carry``, jittable; ``finalize``, ``carry -> result``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -147,10 +143,10 @@ def _indices(call: str, name: str, value: Any, kind: type) -> tuple:
 
 
 def reshape_batch_axis(tree: PyTree, microbatch_size: int, axis: int = 0) -> PyTree:
-    """Splits the batch axis of every leaf into ``(num_microbatches, microbatch_size)``, column-major.
+    r"""Splits the batch axis of every leaf into ``(num_microbatches, microbatch_size)``, column-major.
 
     Row $b$ of the batch goes to ``[b mod n, b div n]`` ($n$ microbatches):
-    microbatch $i$ holds the rows $i, i + n, \\dots$, as :func:`microbatch`
+    microbatch $i$ holds the rows $i, i + n, \dots$, as :func:`microbatch`
     splits them, so that a batch sharded along its rows keeps each
     microbatch sharded the same way.
 
@@ -212,15 +208,15 @@ def microbatch(fun: Callable[..., Any], argnums: int | Sequence[int], microbatch
 
     $$
     \begin{align*}
-    \texttt{"sum"}: &\ \sum_i f(x^{(i)}) \qquad
-    \texttt{"mean"}, \texttt{"running\_mean"}: \ \frac{1}{n} \sum_i f(x^{(i)}) \\
-    \texttt{"concat"}: &\ \text{the rows of } f(x^{(0)}), \dots, f(x^{(n-1)}) \text{ back in the batch's order}
+    \text{sum}: &\ \sum_i f(x^{(i)}) \\
+    \text{mean}: &\ \frac{1}{n} \sum_i f(x^{(i)}) \\
+    \text{concat}: &\ \text{the rows of } f(x^{(0)}), \dots, f(x^{(n-1)}) \text{ back in the batch's order}
     \end{align*}
     $$
 
     (``"concat"`` of scalar outputs stacks them, one per microbatch.)
-    ``"running_mean"`` keeps the mean itself from step to step, not the
-    sum. Floating sums are kept in at least float32. The loop runs
+    ``"running_mean"`` is the mean too, kept as a running mean from step to
+    step rather than a sum. Floating sums are kept in at least float32. The loop runs
     ``num_real_microbatches`` microbatches where it is given (the others
     are skipped and their rows ignored: a smaller batch padded to a fixed
     shape, without a recompile), and $n$ is then that number.

@@ -57,9 +57,8 @@ def _conditional_step(call, updates, state, params, inner, should_transform_fn, 
     shapes = jax.eval_shape(transform, state.inner)[0]
     _tree.check_same_structure(call, shapes, updates, "the wrapped pipeline's output", "updates")
 
-    def skip(operand):  # zeros, or the updates unchanged, in the dtypes the wrapped pipeline returns
-        out = jax.tree.map(lambda s, u: jnp.zeros(s.shape, s.dtype) if zero else jnp.asarray(u, s.dtype),
-                           shapes, updates)
+    def skip(operand):  # zeros, or the updates unchanged, in the dtypes (and shardings) the pipeline returns
+        out = jax.tree.map(lambda s, u: _tree.zeros_of(s) if zero else jnp.asarray(u, s.dtype), shapes, updates)
         return out, operand
 
     out, inner_state = jax.lax.cond(run, transform, skip, state.inner)
