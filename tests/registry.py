@@ -26,6 +26,22 @@ def _halving(count):
     return 0.5 ** (count / 2)
 
 
+def _three_in_four(step):
+    """The conditional wrappers' choice: all calls but every fourth from the first (so, at the int32 limit, where
+    the step saturates at 2**31 - 1, every call: tests/test_counters.py)."""
+    return step % 4 != 0
+
+
+def _norms(updates, params):
+    """What a monitor records: the update and param norms and their ratio."""
+    update_norm, param_norm = ux.global_norm(updates), ux.global_norm(params)
+    return {"update": update_norm, "param": param_norm, "ratio": update_norm / param_norm}
+
+
+def _update_norm(updates, params):
+    return ux.global_norm(updates)
+
+
 def _stacked_matrices(params):
     """Muon's dimension numbers: every leaf with two axes or more is a batch of matrices over its last two."""
     return jax.tree.map(lambda p: ux.MuonDimensionNumbers(-2, -1) if p.ndim >= 2 else None, params)
@@ -163,6 +179,16 @@ ENTRIES = {
     # (b2=0.6, gamma=1: the estimate of the Hessian, 1 + 3w², brings most ratios inside the clip from step 2 on)
     "scale_by_sophia": lambda: ux.scale_by_sophia(b1=0.9, b2=0.6, eps=1e-8, gamma=1.0, clip_threshold=5.0,
                                                   update_interval=2, key=3, objective=quartic),
+    "conditionally_mask": lambda: ux.scale_by_adam().scale(-0.1).conditionally_mask(_three_in_four),
+    "conditionally_transform": lambda: ux.scale_by_adam().scale(-0.1).conditionally_transform(_three_in_four),
+    "apply_every": lambda: ux.apply_every(2),
+    "selective_transform": lambda: ux.scale_by_adam().scale(-0.1).selective_transform(_matrices),
+    "monitor": lambda: ux.scale(-0.5).monitor({"norms": _norms, "ema": ux.measure_with_ema(_update_norm, 0.9)},
+                                              with_params=True),
+    "normalize_by_update_norm": lambda: ux.normalize_by_update_norm(scale_factor=-0.5, eps=1e-6),
+    "scale_by_param_block_norm": lambda: ux.scale_by_param_block_norm(min_scale=1e-3),
+    "per_example_layer_norm_clip": lambda: ux.per_example_layer_norm_clip(l2_norm_clip=1.0, uniform=False),
+    "split_real_and_imaginary": lambda: ux.scale_by_adam().scale(-0.1).split_real_and_imaginary(),
     "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
         max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
@@ -173,23 +199,24 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
                 "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
-                "scale_by_sophia"}
+                "scale_by_sophia", "monitor", "scale_by_param_block_norm"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
             "scale_by_newton_schulz", "scale_by_shape", "freeze", "per_example_global_norm_clip",
-            "differentially_private_aggregate"}
+            "differentially_private_aggregate", "normalize_by_update_norm", "per_example_layer_norm_clip"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
                    "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
-                   "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state", "from_flat"}
+                   "skip_large_updates", "MuonDimensionNumbers", "measure_with_ema", "unitwise_clip",
+                   "incremental_update", "periodic_update", "scale_gradient", "value_and_grad_from_state", "from_flat"}
 
 
 #: Entries whose updates are per-example: a leading axis of examples on every leaf, which the entry reduces (its
 #: output is shaped like the params, as every entry's is). The tests feed every pipeline ``updates_for(opt, grads)``.
-PER_EXAMPLE = {"per_example_global_norm_clip", "differentially_private_aggregate"}
+PER_EXAMPLE = {"per_example_global_norm_clip", "differentially_private_aggregate", "per_example_layer_norm_clip"}
 
 #: The examples ``as_examples`` makes of one gradient: its multiples. With the registry's nested trees (global norm
 #: about 6) and l2_norm_clip=1, some examples are clipped and one (-0.1) is not.

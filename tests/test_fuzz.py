@@ -539,6 +539,47 @@ def _snapshot_measures(params):
     return st.sampled_from([None, ux.global_norm])
 
 
+def _always(step, **extra):
+    return step >= 0
+
+
+def _never(step, **extra):
+    return step < 0
+
+
+def _every_other(step, **extra):
+    return step % 2 == 1
+
+
+@_structural("*", "should_transform_fn", "a function of the step count returning a bool: every call, none, every "
+                                         "other one")
+def _conditions(params):
+    return st.sampled_from([_always, _never, _every_other])
+
+
+@_structural("selective_transform", "freeze_mask", "a bool, or a pytree of bools shaped like the params, or a "
+                                                   "function of the params, as any mask")
+def _freeze_masks(params):
+    return st.one_of(st.booleans(), _masks(params))
+
+
+def _measured_norm(updates, params=None):
+    """A monitor's measure either way it is called: with or without the params."""
+    return ux.global_norm(updates)
+
+
+def _measured_leaves(updates, params=None):
+    return jax.tree.map(lambda u: jnp.sum(u.astype(jnp.float32)), updates)
+
+
+@_structural("monitor", "measures", "a dict of measures, functions and measure_with_ema, each taking the params or "
+                                    "not (with_params is drawn too)")
+def _monitor_measures(params):
+    return st.sampled_from([{"norm": _measured_norm},
+                            {"leaves": _measured_leaves, "ema": ux.measure_with_ema(_measured_norm, 0.9)},
+                            {"ema": ux.measure_with_ema(_measured_leaves, 0.5, debias=False)}])
+
+
 @_structural("scale_by_dog", "init_step_type", "'\"heuristic\", \"distance\" or \"learning_rate\"'")
 @_structural("optimizers.dog", "init_step_type", "scale_by_dog.init_step_type")
 def _dog_init_step_types(params):
