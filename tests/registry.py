@@ -77,6 +77,8 @@ ENTRIES = {
     "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(
         2, should_skip=ux.skip_large_updates(1e6)),
     "apply_if_finite": lambda: ux.scale_by_adam().scale(-0.1).apply_if_finite(3),
+    # period 2: the sweeps' few steps see the scale grow
+    "loss_scale": lambda: ux.scale_by_adam().scale(-0.1).apply_if_finite(3).loss_scale(2.0**4, dynamic=True, period=2),
     "ema": lambda: ux.ema(0.9, debias=True, init=0.5, decay_min=True, keep_previous=True),
     "sma": lambda: ux.sma(3),
     "weighted_moving_average": lambda: ux.weighted_moving_average(0.8),
@@ -178,7 +180,7 @@ ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centrali
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
-                   "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
+                   "schedule_free_eval_params", "averaged_params", "has_updated", "current_loss_scale", "skip_not_finite", "per_example_clipped_sum",
                    "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state", "from_flat"}
 
 

@@ -229,7 +229,7 @@ SUPPORTED = {
     "scale_by_nadam", "scale_by_adan", "scale_by_rms", "scale_by_rms_bias_corrected", "scale_by_rss", "scale_by_stddev", "scale_by_stddev_bias_corrected", "scale_by_adadelta",
     "scale_by_trust_ratio", "scale_by_novograd", "scale_by_param_block_rms", "clip_by_block_rms", "scale_by_shape",
     "trace", "trace_nesterov", "clip_by_global_norm", "centralize", "add_decayed_weights", "add_noise",
-    "accumulate_gradients", "apply_if_finite", "ema", "sma", "weighted_moving_average", "ema_params", "swa",
+    "accumulate_gradients", "apply_if_finite", "loss_scale", "ema", "sma", "weighted_moving_average", "ema_params", "swa",
     "schedule_free", "freeze", "masked", "partition", "zero_nans", "snapshot", "scale_by_lbfgs",
     "lookahead", "sam", "scale_by_optimistic_gradient", "flat_state",
     "cautious",  # the sign of Re(u conj(g)) (tests/test_cautious.py)
@@ -256,7 +256,7 @@ def _steps(opt, step, grads, params):
 
 
 #: Entries that branch with lax.cond, which eager JAX compiles on every call: one jit is cheaper.
-BRANCHING = {"accumulate_gradients", "apply_if_finite", "lookahead", "sam"}
+BRANCHING = {"accumulate_gradients", "apply_if_finite", "loss_scale", "lookahead", "sam"}
 
 
 def _step_fn(name, opt):

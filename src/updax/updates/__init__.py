@@ -65,7 +65,13 @@ from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, sc
 from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
 from updax.updates._soap import scale_by_soap
-from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
+from updax.updates._skipping import (
+    apply_if_finite,
+    current_loss_scale,
+    loss_scale,
+    skip_large_updates,
+    skip_not_finite,
+)
 from updax.updates._sophia import scale_by_sophia
 from updax.updates._step_size import (
     reduce_on_plateau,
@@ -93,6 +99,7 @@ __all__ = [
     "clip_by_global_norm",
     "combinator",
     "compose",
+    "current_loss_scale",
     "differentially_private_aggregate",
     "flat_state",
     "ema",
@@ -104,6 +111,7 @@ __all__ = [
     "identity",
     "keep_params_nonnegative",
     "lookahead",
+    "loss_scale",
     "masked",
     "mechanize",
     "partition",
