@@ -32,10 +32,10 @@ def _stacked_matrices(params):
 
 
 def half_squared_norm(params):
-    """An objective for the line searches: ``|w|²/2`` over any tree, in float32 (the contract tests pass only
-    ``loss=``, so the line-search entries are built with ``objective=``)."""
-    return sum((0.5 * jnp.sum(jnp.abs(p.astype(jnp.float32)) ** 2) for p in jax.tree.leaves(params)),
-               jnp.zeros([], jnp.float32))
+    """An objective for the line searches: ``|w|²/2`` over any tree, in float32 (complex64 leaves as they are; the
+    contract tests pass only ``loss=``, so the line-search entries are built with ``objective=``)."""
+    return sum((0.5 * jnp.sum(jnp.abs(p if jnp.iscomplexobj(p) else p.astype(jnp.float32)) ** 2)
+                for p in jax.tree.leaves(params)), jnp.zeros([], jnp.float32))
 
 
 def quartic(params):
