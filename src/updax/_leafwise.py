@@ -55,7 +55,8 @@ def per_leaf(call: str, fn: Callable[..., tuple], trees: Sequence[Any], names: S
     results: list = [None] * len(columns)
     for leaves in kinds.values():
         for i, out in zip(leaves, _run_together(fn, [args[i] for i in leaves])):
-            real = not jnp.iscomplexobj(columns[i][0])  # real updates: complex only through a complex accumulator
+            # real updates: an output is complex only through an accumulator stored complex
+            real = names[0] == "updates" and not jnp.iscomplexobj(columns[i][0])
             results[i] = tuple(store(call, name, o, x, real) for o, x, name in zip(out, columns[i], names))
     n_out = len(trees) if n_out is None else n_out
     return tuple(treedef.unflatten([out[i] for out in results]) for i in range(n_out))
