@@ -48,10 +48,10 @@ def _stacked_matrices(params):
 
 
 def half_squared_norm(params):
-    """An objective for the line searches: ``|w|²/2`` over any tree, in float32 (the contract tests pass only
-    ``loss=``, so the line-search entries are built with ``objective=``)."""
-    return sum((0.5 * jnp.sum(jnp.abs(p.astype(jnp.float32)) ** 2) for p in jax.tree.leaves(params)),
-               jnp.zeros([], jnp.float32))
+    """An objective for the line searches: ``|w|²/2`` over any tree, in float32 (complex64 leaves as they are; the
+    contract tests pass only ``loss=``, so the line-search entries are built with ``objective=``)."""
+    return sum((0.5 * jnp.sum(jnp.abs(p if jnp.iscomplexobj(p) else p.astype(jnp.float32)) ** 2)
+                for p in jax.tree.leaves(params)), jnp.zeros([], jnp.float32))
 
 
 def quartic(params):
@@ -93,6 +93,8 @@ ENTRIES = {
     "accumulate_gradients": lambda: ux.scale_by_adam().scale(-0.1).accumulate_gradients(
         2, should_skip=ux.skip_large_updates(1e6)),
     "apply_if_finite": lambda: ux.scale_by_adam().scale(-0.1).apply_if_finite(3),
+    # period 2: the sweeps' few steps see the scale grow
+    "loss_scale": lambda: ux.scale_by_adam().scale(-0.1).apply_if_finite(3).loss_scale(2.0**4, dynamic=True, period=2),
     "ema": lambda: ux.ema(0.9, debias=True, init=0.5, decay_min=True, keep_previous=True),
     "sma": lambda: ux.sma(3),
     "weighted_moving_average": lambda: ux.weighted_moving_average(0.8),
@@ -209,9 +211,10 @@ ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centrali
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
-                   "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
-                   "skip_large_updates", "MuonDimensionNumbers", "measure_with_ema", "unitwise_clip",
-                   "incremental_update", "periodic_update", "scale_gradient", "value_and_grad_from_state", "from_flat"}
+                   "schedule_free_eval_params", "averaged_params", "has_updated", "current_loss_scale", "skip_not_finite",
+                   "per_example_clipped_sum", "skip_large_updates", "MuonDimensionNumbers", "measure_with_ema",
+                   "unitwise_clip", "incremental_update", "periodic_update", "scale_gradient", "value_and_grad_from_state",
+                   "from_flat"}
 
 
 #: Entries whose updates are per-example: a leading axis of examples on every leaf, which the entry reduces (its

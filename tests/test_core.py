@@ -287,7 +287,7 @@ BAD_OPTIONS = [
     (lambda: ux.scale_by_adam(b1=1.5), ValueError, r"scale_by_adam(b1=1.5): b1 must be in [0, 1)"),
     (lambda: ux.scale_by_adam(b2=-0.1), ValueError, r"scale_by_adam(b2=-0.1): b2 must be in [0, 1)"),
     (lambda: ux.scale_by_adam(eps=-1.0), ValueError, r"scale_by_adam(eps=-1.0): eps must be in [0, inf)"),
-    (lambda: ux.scale_by_adam(mu_dtype=jnp.int32), TypeError, "mu_dtype must be None or a floating dtype"),
+    (lambda: ux.scale_by_adam(mu_dtype=jnp.int32), TypeError, "mu_dtype must be None or a floating or complex dtype"),
     (lambda: ux.scale_by_belief(b1=1.0), ValueError, r"scale_by_belief(b1=1.0): b1 must be in [0, 1)"),
     (lambda: ux.scale_by_radam(threshold="high"), TypeError, "scale_by_radam(threshold='high'): threshold must be a real"),
     (lambda: ux.scale_by_rms(decay=float("nan")), ValueError, "scale_by_rms(decay=nan): decay must be in [0, 1)"),

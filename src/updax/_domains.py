@@ -136,7 +136,9 @@ class Real(Domain):
     NumPy one is copied). Where the stage declares the option schedulable, a
     callable is a schedule ``count -> value``: it is kept, and its values are
     checked against this domain when they are concrete. NaN and infinities
-    are refused whatever the interval, and so are complex and boolean values.
+    are refused whatever the interval (``+inf`` is taken where ``inf`` is set
+    and ``hi`` is None: an option to which it means something, such as a
+    line search's growth factor), and so are complex and boolean values.
     """
 
     lo: float | None = None
@@ -145,15 +147,22 @@ class Real(Domain):
     hi_open: bool = False
     #: the hint appended to an out-of-range message (``"for ascent, pass maximize=True"``)
     hint: str = ""
+    #: whether +inf is in the domain (with ``hi`` None)
+    inf: bool = False
 
     @property
     def text(self) -> str:  # type: ignore[override]
         if self.lo is None and self.hi is None:
             return "must be a finite number"
-        return f"must be in {_interval(self.lo, self.hi, self.lo_open, self.hi_open)}"
+        interval = _interval(self.lo, self.hi, self.lo_open, self.hi_open)
+        return f"must be in {interval[:-1] + ']' if self.inf else interval}"
+
+    def _infinite(self, x):
+        """Where ``x`` is the +inf the domain takes (nowhere unless ``inf``)."""
+        return (x == np.inf) if self.inf else np.zeros(np.shape(x), bool)
 
     def _outside(self, x: np.ndarray) -> np.ndarray:
-        bad = ~np.isfinite(x)
+        bad = ~np.isfinite(x) & ~self._infinite(x)
         with np.errstate(invalid="ignore"):
             if self.lo is not None:
                 bad |= x <= self.lo if self.lo_open else x < self.lo
@@ -184,7 +193,7 @@ class Real(Domain):
             fail(call, name, value, "must be a real number (it cannot be a schedule here)", TypeError)
         else:
             fail(call, name, value, "must be a real number", TypeError)
-        if not math.isfinite(concrete) or self._outside_scalar(concrete):
+        if not (math.isfinite(concrete) or (self.inf and concrete == math.inf)) or self._outside_scalar(concrete):
             self._refuse(call, name, value)
         return value
 
@@ -204,7 +213,7 @@ class Real(Domain):
             self._refuse(call, name, values, where)
 
     def holds(self, value: jax.Array) -> jax.Array:
-        ok = jnp.isfinite(value)
+        ok = jnp.isfinite(value) | ((value == jnp.inf) if self.inf else False)
         if self.lo is not None:
             ok &= value > self.lo if self.lo_open else value >= self.lo
         if self.hi is not None:
@@ -232,6 +241,9 @@ class Integer(Domain):
     lo: int = 0
     hi: int | None = None
     why: str = ""
+    #: whether a 0-d integer array is taken too (an offset a jitted function passes in): checked when concrete
+    #: (and kept as a Python integer), kept as it is when traced
+    arrays: bool = False
 
     @property
     def text(self) -> str:  # type: ignore[override]
@@ -241,6 +253,11 @@ class Integer(Domain):
             self.lo, f"must be an integer >= {self.lo}")
 
     def check(self, call: str, name: str, value: Any, *, schedulable: bool = False) -> Any:
+        if self.arrays and _is_array(value) and jnp.ndim(value) == 0 \
+                and jnp.issubdtype(jnp.result_type(value), jnp.integer):
+            if not is_concrete(value):
+                return value
+            value = int(np.asarray(value))
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or _is_array(value):
             if isinstance(value, (np.integer,)) and not isinstance(value, bool):
                 value = int(value)
@@ -318,9 +335,14 @@ class OneOf(Domain):
 
 @dataclasses.dataclass(frozen=True)
 class FloatDtype(Domain):
-    """None (at least float32, the default) or a floating dtype, stored as its name."""
+    """None (at least float32, the default) or a floating dtype, stored as its name; a complex dtype too where
+    ``complex`` (a first moment of real updates kept complex, as optax allows: its imaginary part stays 0)."""
 
-    text: str = "must be None or a floating dtype"
+    complex: bool = False
+
+    @property
+    def text(self) -> str:  # type: ignore[override]
+        return "must be None or a floating or complex dtype" if self.complex else "must be None or a floating dtype"
 
     def check(self, call: str, name: str, value: Any, *, schedulable: bool = False) -> Any:
         if value is None:
@@ -329,7 +351,7 @@ class FloatDtype(Domain):
             dtype = jnp.dtype(value)
         except TypeError:
             fail(call, name, value, self.text, TypeError)
-        if not jnp.issubdtype(dtype, jnp.floating):
+        if not (jnp.issubdtype(dtype, jnp.floating) or (self.complex and jnp.issubdtype(dtype, jnp.complexfloating))):
             fail(call, name, value, self.text, TypeError)
         return dtype.name
 

@@ -55,7 +55,9 @@ def per_leaf(call: str, fn: Callable[..., tuple], trees: Sequence[Any], names: S
     results: list = [None] * len(columns)
     for leaves in kinds.values():
         for i, out in zip(leaves, _run_together(fn, [args[i] for i in leaves])):
-            results[i] = tuple(store(call, name, o, x) for o, x, name in zip(out, columns[i], names))
+            # real updates: an output is complex only through an accumulator stored complex
+            real = names[0] == "updates" and not jnp.iscomplexobj(columns[i][0])
+            results[i] = tuple(store(call, name, o, x, real) for o, x, name in zip(out, columns[i], names))
     n_out = len(trees) if n_out is None else n_out
     return tuple(treedef.unflatten([out[i] for out in results]) for i in range(n_out))
 
@@ -162,9 +164,13 @@ def _numbers_lifted(jaxpr: Any) -> tuple[Any, list]:
     return jaxpr.replace(invars=[*invars, *jaxpr.invars], eqns=eqns), numbers
 
 
-def store(call: str, name: str, out: jax.Array, like: jax.Array) -> jax.Array:
+def store(call: str, name: str, out: jax.Array, like: jax.Array, real: bool = False) -> jax.Array:
     """``out`` in the dtype of ``like``, the leaf it replaces; a complex ``out`` for a real ``like`` is refused
-    by name (its imaginary part would be dropped)."""
+    by name (its imaginary part would be dropped), unless the step's input is ``real``: then ``out`` is complex
+    only because an accumulator is stored complex (``mu_dtype=jnp.complex64``, as optax allows), its imaginary
+    part 0, and its real part is kept."""
+    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(like) and real:
+        return _tree.cast(out.real, like.dtype)
     if jnp.iscomplexobj(out) and not jnp.iscomplexobj(like):
         raise TypeError(f"{call}: {name} is stored as {like.dtype} but holds complex values; keep the "
                         "accumulators of complex params complex (leave the *_dtype option at None)")

@@ -11,7 +11,7 @@ import jax
 
 from updax._domains import Domain, Relation
 from updax._stage import Stage
-from updax._typing import DType, PyTree, ScalarOrSchedule, ScheduleLike
+from updax._typing import ArrayLike, DType, PyTree, ScalarOrSchedule, ScheduleLike
 
 __all__ = ["Update"]
 
@@ -186,6 +186,17 @@ class Update:
     ) -> Update:
         """Lookahead: ``k`` steps of the pipeline before it, then one step of the slow weights towards them. See
         :func:`updax.lookahead`."""
+    def loss_scale(
+        self,
+        loss_scale: ArrayLike = 32768.0,
+        *,
+        dynamic: bool = False,
+        period: int = 2000,
+        factor: ScalarOrSchedule = 2.0,
+        min_loss_scale: ScalarOrSchedule = 1.0,
+    ) -> Update:
+        """Unscales the gradients of a scaled loss for the pipeline before it (Axon.LossScale). See
+        :func:`updax.loss_scale`."""
     def masked(self, mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Runs the pipeline before it on the masked-in leaves only; the others pass through unchanged. See
         :func:`updax.masked`."""

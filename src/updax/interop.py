@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import jax
+
 from updax import _execute
 from updax._domains import Valid, fail
 from updax._primitives import stateful
@@ -175,6 +177,9 @@ def to_optax(opt: Update) -> Any:
     import optax  # only here: updax never requires optax
 
     def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+        if not jax.tree.leaves(state):  # None or an empty state, as optax's stateless transformations take
+            fresh = opt.init(updates)
+            state = fresh if not jax.tree.leaves(fresh) else state
         # Inside an optax pipeline these are not the updates added to the params: no state is ordered after them.
         with _execute.nested():
             return opt.update(updates, state, params, **extra)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jax.numpy as jnp
+
 from updax import _validate as check
-from updax._typing import DType, PyTree, Scalar, ScalarOrSchedule
+from updax._schedules import Schedule, _Function
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.optimizers._common import maximized, optimizer
 from updax.updates import add_decayed_weights, scale_by_adam, scale_by_novograd, scale_by_trust_ratio
@@ -106,8 +109,32 @@ def lars(learning_rate: ScalarOrSchedule = 1e-1, decay: ScalarOrSchedule = 0.0,
     return maximized(maximize, pipeline)
 
 
+class fromage_step(Schedule):
+    r"""Fromage's step with a scheduled learning rate: $\eta_t / \sqrt{1 + \eta_t^2}$ (what
+    ``scale_by_learning_rate`` takes)."""
+
+    def __init__(self, learning_rate):
+        self._set(learning_rate=learning_rate if isinstance(learning_rate, Schedule) else _Function(learning_rate))
+
+    def __call__(self, count):
+        rate = jnp.asarray(self.learning_rate(count))
+        return rate / jnp.sqrt(1 + rate**2)
+
+
+class fromage_shrink(Schedule):
+    r"""Fromage's weight decay with a scheduled learning rate: $1 / \sqrt{1 + \eta_t^2} - 1$ (what
+    ``add_decayed_weights`` takes)."""
+
+    def __init__(self, learning_rate):
+        self._set(learning_rate=learning_rate if isinstance(learning_rate, Schedule) else _Function(learning_rate))
+
+    def __call__(self, count):
+        rate = jnp.asarray(self.learning_rate(count))
+        return 1 / jnp.sqrt(1 + rate**2) - 1
+
+
 @optimizer
-def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, maximize: bool = False) -> Update:
+def fromage(learning_rate: ScalarOrSchedule = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, maximize: bool = False) -> Update:
     r"""Fromage: steps in relative (Frobenius) distance, shrinking the weights to stay on the sphere.
 
     Pipeline, with $\eta$ = ``learning_rate`` and $m = 1 / \sqrt{1 + \eta^2}$:
@@ -118,10 +145,11 @@ def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, 
     p \gets m \left(p - \eta\, \frac{\lVert p \rVert}{\lVert g \rVert}\, g\right)
     $$
 
-    The learning rate must be a number.
+    With a schedule $\eta_t$, $m$ follows it: the step and the decay are
+    schedules of $\eta_t$ (as optax's ``fromage`` takes one).
 
     Args:
-        learning_rate: a positive number. Default: ``0.01``.
+        learning_rate: a positive number or a schedule. Default: ``0.01``.
         min_norm: floor of both norms in the trust ratio. Default: ``1e-06``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
@@ -139,6 +167,10 @@ def fromage(learning_rate: Scalar = 1e-2, min_norm: ScalarOrSchedule = 1e-6, *, 
         Bernstein et al., "On the distance between two neural networks and
         the stability of learning", NeurIPS 2020. https://arxiv.org/abs/2002.03432
     """
+    if callable(learning_rate) and not isinstance(learning_rate, type):
+        pipeline = (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(fromage_step(learning_rate))
+                    .add_decayed_weights(decay=fromage_shrink(learning_rate)))
+        return maximized(maximize, pipeline)
     learning_rate = check.number("fromage", "learning_rate", learning_rate, 0.0, lo_open=True)
     mult = 1.0 / (1.0 + learning_rate**2) ** 0.5
     pipeline = (scale_by_trust_ratio(min_norm=min_norm).scale_by_learning_rate(learning_rate * mult)

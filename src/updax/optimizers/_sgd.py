@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from updax import _validate as check
-from updax._typing import ScalarOrSchedule
+from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
 from updax.optimizers._common import maximized, optimizer
 from updax.updates import add_noise, scale_by_learning_rate, trace
@@ -13,7 +13,7 @@ from updax.updates import add_noise, scale_by_learning_rate, trace
 
 @optimizer
 def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | None = None,
-        nesterov: bool = False, *, maximize: bool = False) -> Update:
+        nesterov: bool = False, *, accumulator_dtype: DType = None, maximize: bool = False) -> Update:
     """Stochastic gradient descent, optionally with (Nesterov) momentum.
 
     Pipeline: ``trace(momentum, nesterov) |> scale_by_learning_rate(learning_rate)``,
@@ -23,6 +23,9 @@ def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | Non
         learning_rate: a number >= 0 or a schedule. Default: ``0.01``.
         momentum: the trace decay, or None for plain SGD. Default: ``None``.
         nesterov: Nesterov momentum (with ``momentum`` set). Default: ``False``.
+        accumulator_dtype: storage dtype of the momentum (``trace``'s, with
+            ``momentum`` set): None (at least float32), a floating or a
+            complex dtype. Default: ``None``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -42,7 +45,8 @@ def sgd(learning_rate: ScalarOrSchedule = 1e-2, momentum: ScalarOrSchedule | Non
     check.flag("sgd", "nesterov", nesterov)
     if momentum is None:
         return maximized(maximize, scale_by_learning_rate(learning_rate))
-    return maximized(maximize, trace(decay=momentum, nesterov=nesterov).scale_by_learning_rate(learning_rate))
+    momentum_stage = trace(decay=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
+    return maximized(maximize, momentum_stage.scale_by_learning_rate(learning_rate))
 
 
 @optimizer

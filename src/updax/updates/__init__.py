@@ -83,7 +83,13 @@ from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._targets import incremental_update, periodic_update, scale_gradient
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
 from updax.updates._soap import scale_by_soap
-from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
+from updax.updates._skipping import (
+    apply_if_finite,
+    current_loss_scale,
+    loss_scale,
+    skip_large_updates,
+    skip_not_finite,
+)
 from updax.updates._sophia import scale_by_sophia
 from updax.updates._step_size import (
     reduce_on_plateau,
@@ -120,6 +126,7 @@ __all__ = [
     "compose",
     "conditionally_mask",
     "conditionally_transform",
+    "current_loss_scale",
     "differentially_private_aggregate",
     "ema",
     "ema_params",
@@ -132,6 +139,7 @@ __all__ = [
     "incremental_update",
     "keep_params_nonnegative",
     "lookahead",
+    "loss_scale",
     "masked",
     "measure_with_ema",
     "mechanize",

@@ -79,7 +79,7 @@ def trace(decay: ScalarOrSchedule = 0.9, nesterov: bool = False, *, accumulator_
     """
     return stateful(_init_trace, _apply_trace, elementwise=True, name="trace",
                     options=dict(decay=decay, nesterov=nesterov, accumulator_dtype=accumulator_dtype),
-                    domains=dict(decay=Real(0.0, 1.0), nesterov=Flag(), accumulator_dtype=FloatDtype()),
+                    domains=dict(decay=Real(0.0, 1.0), nesterov=Flag(), accumulator_dtype=FloatDtype(complex=True)),
                     schedulable=("decay",))
 
 

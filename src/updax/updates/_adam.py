@@ -100,7 +100,7 @@ def _init_scale_by_adamax(params, *, mu_dtype, nu_dtype):
 
 #: What the options of the Adam-like stages hold.
 _ADAM_DOMAINS = dict(b1=UNIT, b2=UNIT, b3=UNIT, eps=NON_NEGATIVE, eps_root=NON_NEGATIVE, threshold=ANY_REAL,
-                     initial_accumulator_value=NON_NEGATIVE, mu_dtype=FloatDtype(), nu_dtype=FloatDtype(),
+                     initial_accumulator_value=NON_NEGATIVE, mu_dtype=FloatDtype(complex=True), nu_dtype=FloatDtype(),
                      nesterov=Flag(late=True))
 
 

@@ -54,7 +54,7 @@ class ScaleBySm3State(NamedTuple):
 
 
 #: What the options of Adafactor's and SM3's stages hold.
-_FACTORED_DOMAINS = dict(factored=Flag(), decay_rate=NON_NEGATIVE, step_offset=Integer(0),
+_FACTORED_DOMAINS = dict(factored=Flag(), decay_rate=NON_NEGATIVE, step_offset=Integer(0, arrays=True),
                          min_dim_size_to_factor=Integer(1), epsilon=NON_NEGATIVE, accumulator_dtype=FloatDtype(),
                          b1=UNIT, b2=Real(0.0, 1.0), eps=NON_NEGATIVE, mu_dtype=FloatDtype())
 
@@ -98,23 +98,30 @@ def _init_scale_by_factored_rms(params, *, factored, min_dim_size_to_factor, acc
     return ScaleByFactoredRmsState(v_row=v_row, v_col=v_col, v=v, count=_tree.zero_count())
 
 
+def _real(x):
+    """``x``'s real part (``x`` itself when real)."""
+    return x.real if jnp.iscomplexobj(x) else x
+
+
 def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate, step_offset,
                                  min_dim_size_to_factor, epsilon):
-    real_only("scale_by_factored_rms", updates)
     t = (state.count - step_offset).astype(jnp.float32) + 1.0  # + 1 in float: the count may be the int32 maximum
     decay = 1.0 - t ** (-decay_rate)
 
     def leaf(g, r0, c0, v0):
+        # The statistics are real (|g|², as optax's), in the real dtype of the compute dtype; a complex leaf's
+        # (complex-stored, as its params') hold real numbers.
         c = _tree.compute_dtype(g.dtype, r0.dtype, c0.dtype, v0.dtype)
-        g32, d = g.astype(c), decay.astype(c)
-        g2 = g32 * g32 + epsilon
+        rc = jnp.finfo(c).dtype
+        g32, d = g.astype(c), decay.astype(rc)
+        g2 = abs_sq(g32) + epsilon
         dims = _factored_dims(g.shape, factored, min_dim_size_to_factor)
         if dims is None:
-            v = moment(d, v0.astype(c), g2)
+            v = moment(d, _real(v0).astype(rc), g2)
             return (g32 * jax.lax.rsqrt(v)).astype(g.dtype), r0, c0, v.astype(v0.dtype)
         second, largest = dims
-        r = moment(d, r0.astype(c), jnp.mean(g2, axis=largest))
-        col = moment(d, c0.astype(c), jnp.mean(g2, axis=second))
+        r = moment(d, _real(r0).astype(rc), jnp.mean(g2, axis=largest))
+        col = moment(d, _real(c0).astype(rc), jnp.mean(g2, axis=second))
         second_in_r = second - 1 if second > largest else second
         row_factor = jax.lax.rsqrt(r / jnp.mean(r, axis=second_in_r, keepdims=True))
         u = g32 * jnp.expand_dims(row_factor, largest) * jnp.expand_dims(jax.lax.rsqrt(col), second)
@@ -154,8 +161,9 @@ def scale_by_factored_rms(factored: bool = True, decay_rate: ScalarOrSchedule = 
         decay_rate: the exponent $\rho$ of the decay schedule $\beta$, >= 0.
             Default: ``0.8``.
         step_offset: subtracted from the step count, e.g. the step at which a
-            fine-tuning run starts; an integer >= 0. The count must not be
-            below it ($\beta$ is undefined there, as in optax). Default: ``0``.
+            fine-tuning run starts; an integer >= 0 (a 0-d integer array too,
+            traced or not). The count must not be below it ($\beta$ is
+            undefined there, as in optax). Default: ``0``.
         min_dim_size_to_factor: the size both of a leaf's two largest axes
             need to be factored, a positive integer. Default: ``128``.
         epsilon: added to the squared updates, >= 0. Default: ``1e-30``.

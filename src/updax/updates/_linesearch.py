@@ -28,7 +28,7 @@ from updax._options import keywords
 from updax._primitives import stateful
 from updax._stage import ScheduledState
 from updax._update import Update
-from updax.updates._kernels import real_only, scaled
+from updax.updates._kernels import scaled
 from updax.updates._lbfgs import real_dtype, tree_vdot
 
 __all__ = ["ScaleByBacktrackingLinesearchState", "ScaleByZoomLinesearchState", "scale_by_backtracking_linesearch",
@@ -55,7 +55,7 @@ _SHARED_DOMAINS = dict(slope_rtol=UNIT, objective=Function(optional=True))
 
 _BACKTRACKING_DOMAINS = dict(
     _SHARED_DOMAINS, max_backtracking_steps=Integer(0, 1000, why=_STEPS_WHY),
-    decrease_factor=Real(0.0, 1.0, lo_open=True, hi_open=True), increase_factor=Real(1.0), max_learning_rate=POSITIVE,
+    decrease_factor=Real(0.0, 1.0, lo_open=True, hi_open=True), increase_factor=Real(1.0, inf=True), max_learning_rate=POSITIVE,
     atol=NON_NEGATIVE, rtol=NON_NEGATIVE, store_grad=Flag())
 
 _ZOOM_DOMAINS = dict(
@@ -77,7 +77,6 @@ def _line(call, updates, params, objective, extra):
     The function is ``update``'s ``value_fn``, else the stage's ``objective``; it gets the keywords of
     ``update`` that its signature names (all of them, but the line search's own, if it takes ``**kwargs``).
     """
-    real_only(call, updates)
     value, grad, value_fn = (extra.pop(k, None) for k in _OWN)
     if value_fn is not None and objective is not None:
         raise ValueError(f"{call}: update got value_fn= and the stage was built with objective=; give one of them")
@@ -116,7 +115,7 @@ def _line(call, updates, params, objective, extra):
             v, linear = jax.linearize(f, x)
             return jnp.asarray(v).astype(dtype), lambda: jax.linear_transpose(linear, x)(jnp.ones_like(v))[0]
         v, g = value_and_grad(x)
-        return jnp.asarray(v).astype(dtype), g, tree_vdot(g, updates, dtype)
+        return jnp.asarray(v).astype(dtype), g, slope_along(g, updates, dtype)
 
     def moves(step):
         """Whether ``w + step·u`` differs from ``w`` (where it does not, no smaller step moves the params either)."""
@@ -124,6 +123,12 @@ def _line(call, updates, params, objective, extra):
         return functools.reduce(jnp.logical_or, changed, jnp.asarray(False))
 
     return at, moves, value.astype(dtype), grad
+
+
+def slope_along(grad, updates, dtype):
+    """The objective's derivative along ``updates``, from JAX's gradient: ``Re Σ g·u``. (For complex params
+    ``jax.grad`` gives the conjugate of the steepest ascent, so no conjugate is taken here, as in optax.)"""
+    return tree_vdot(jax.tree.map(lambda g: jnp.conj(g) if jnp.iscomplexobj(g) else g, grad), updates, dtype)
 
 
 def _scalar_output(call, which, value):
@@ -177,7 +182,7 @@ def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope
     call = "scale_by_backtracking_linesearch"
     at, _, value, grad = _line(call, updates, params, objective, extra)
     dtype = value.dtype
-    slope = tree_vdot(grad, updates, dtype)
+    slope = slope_along(grad, updates, dtype)
 
     def body(carry):
         step, _, new_grad, _, n = carry
@@ -245,7 +250,8 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
             [0, 1). Default: ``0.0001``.
         decrease_factor: the factor a rejected step is multiplied by, in (0, 1).
             Default: ``0.8``.
-        increase_factor: the first try is the last step times this, >= 1.
+        increase_factor: the first try is the last step times this, >= 1;
+            ``math.inf`` starts every search at ``max_learning_rate``.
             Default: ``1.5``.
         max_learning_rate: the largest step, > 0. Default: ``1.0``.
         atol: absolute slack of the criterion, >= 0. Default: ``0.0``.
@@ -372,7 +378,7 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
     at, moves, value0, grad0 = _line(call, updates, params, objective, extra)
     dtype = value0.dtype
     grad0 = _like(grad0, state.grad)
-    slope0 = tree_vdot(grad0, updates, dtype)
+    slope0 = slope_along(grad0, updates, dtype)
     # "keep" after a failed search (step 0) guesses 1 again: optax would try 0 forever.
     keep = jnp.where(state.learning_rate > 0, state.learning_rate, 1.0).astype(dtype)
     guess = keep if initial_guess_strategy == "keep" else jnp.ones([], dtype)

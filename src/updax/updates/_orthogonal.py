@@ -142,12 +142,21 @@ def _shrunk(x):
     ``x`` itself otherwise. AOL's and the Schatten-4 rescalings do not depend on ``x``'s scale, and a power of
     two changes no rounding."""
     largest = jnp.max(jnp.abs(x), axis=(-2, -1), keepdims=True)
+    if jnp.iscomplexobj(x):  # (ldexp takes real numbers: scale by the power of two itself)
+        return jnp.where(largest > _LARGE, x * jnp.ldexp(jnp.ones_like(largest), -jnp.frexp(largest)[1]), x)
     return jnp.where(largest > _LARGE, jnp.ldexp(x, -jnp.frexp(largest)[1]), x)
 
 
+def _adjoint(x):
+    """The conjugate transpose of each matrix of a batch (the transpose, for real matrices)."""
+    x = jnp.swapaxes(x, -1, -2)
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
 def _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning=None):
-    """The quintic ``x ← a·x + (b·xxᵀ + c·(xxᵀ)²)·x`` on each matrix of a batch ``(..., m, n)``, from ``x``
-    brought under spectral norm 1 as ``preconditioning`` says (None: ``x / (‖x‖_F + eps)``). (On a mesh,
+    """The quintic ``x ← a·x + (b·xxᴴ + c·(xxᴴ)²)·x`` on each matrix of a batch ``(..., m, n)``, from ``x``
+    brought under spectral norm 1 as ``preconditioning`` says (None: ``x / (‖x‖_F + eps)``); ``xᴴ`` is the
+    conjugate transpose, so a complex matrix tends to a unitary one (optax's iteration). (On a mesh,
     :func:`on_matrices` gathers the matrix axes first: the products contract them.)"""
     if x.size == 0:
         return x
@@ -162,7 +171,7 @@ def _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning=None):
         x = _shrunk(x)
     for i, coeffs in enumerate(_per_iteration(ns_coeffs, ns_steps)):
         a, b, c = (jnp.asarray(k, x.dtype) for k in coeffs)
-        gram = x @ jnp.swapaxes(x, -1, -2)
+        gram = x @ _adjoint(x)
         if i == 0 and preconditioning in ("aol", "schatten"):
             x, gram = _first_rescaled(x, gram, preconditioning, eps)
         x = a * x + (b * gram + c * gram @ gram) @ x
@@ -170,15 +179,14 @@ def _newton_schulz(x, ns_coeffs, ns_steps, eps, preconditioning=None):
 
 
 def _dual_scaled(m, o):
-    """``⟨m, o⟩·o`` for each matrix of a batch: with ``o ≈ UVᵀ`` of ``m = USVᵀ``, the nuclear norm of ``m``
-    (the spectral norm's dual) times ``o``."""
-    return jnp.sum(m * o, axis=(-2, -1), keepdims=True) * o
+    """``⟨m, o⟩·o`` for each matrix of a batch: with ``o ≈ UVᴴ`` of ``m = USVᴴ``, the nuclear norm of ``m``
+    (the spectral norm's dual) times ``o``; ``⟨m, o⟩ = Σ conj(m)·o`` for complex matrices, as optax's."""
+    return jnp.sum((jnp.conj(m) if jnp.iscomplexobj(m) else m) * o, axis=(-2, -1), keepdims=True) * o
 
 
 def _apply_scale_by_newton_schulz(updates, params, *, ns_coeffs, ns_steps, eps, preconditioning=None,
                                   weight_dimension_numbers=None):
     call = "scale_by_newton_schulz"
-    real_only(call, updates)
     leaves, treedef = jax.tree.flatten(updates)
 
     def leaf(g, axes):
@@ -324,7 +332,6 @@ def _momentum(g, m, beta, nesterov, correction, next_correction):
 def _apply_scale_by_muon(updates, state, params, *, ns_coeffs, ns_steps, beta, eps, nesterov, adaptive=None,
                          preconditioning=None, weight_dimension_numbers=None):
     call = "scale_by_muon"
-    real_only(call, updates)
     _tree.check_same_structure(call, updates, state.mu, "updates", "state.mu")
     count = _tree.safe_increment(state.count)
     t = _tree.float_count(count)

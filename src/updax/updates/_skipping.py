@@ -1,19 +1,20 @@
-"""Skipping bad steps: non-finite or too large updates leave the state untouched."""
+"""Skipping bad steps (non-finite or too large updates leave the state untouched), and the loss scale of
+mixed-precision training that finds them."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, Count, FlagField, Integer, Pipeline
+from updax._domains import NON_NEGATIVE, POSITIVE, Count, Flag, FlagField, Integer, Pipeline, Real
 from updax._primitives import stateful
-from updax._typing import ArrayLike, PyTree
+from updax._typing import ArrayLike, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.updates._clipping import global_norm
 
@@ -108,7 +109,17 @@ class ApplyIfFiniteState(NamedTuple):
     total_notfinite: Count
 
 
+def _refuse_dynamic_loss_scale(inner):
+    """apply_if_finite around a dynamic loss scale would keep its scale on the steps that should back it off:
+    refused when the wrapper is built, and when it is initialised (composed after the stages it wraps)."""
+    if isinstance(inner, Update) and _wraps_dynamic_loss_scale(inner):
+        raise ValueError("apply_if_finite: the pipeline it wraps holds a dynamic loss_scale, whose back-off on a "
+                         "non-finite step it would undo; put apply_if_finite inside the loss scale "
+                         "(optimizer.apply_if_finite().loss_scale(dynamic=True))")
+
+
 def _init_apply_if_finite(params, *, inner):
+    _refuse_dynamic_loss_scale(inner)
     return ApplyIfFiniteState(inner=inner.init(params), notfinite_count=_tree.zero_count(),
                               last_finite=jnp.ones([], bool), total_notfinite=_tree.zero_count())
 
@@ -165,7 +176,162 @@ def apply_if_finite(inner: Update, max_consecutive_errors: int = 5) -> Update:
         optax.apply_if_finite; the loss-scaling skip of mixed-precision
         training (Micikevicius et al., "Mixed Precision Training", ICLR 2018).
     """
+    _refuse_dynamic_loss_scale(inner)
     return stateful(_init_apply_if_finite, _apply_apply_if_finite, name="apply_if_finite",
                     options=dict(inner=inner, max_consecutive_errors=max_consecutive_errors),
                     domains=dict(inner=Pipeline(), max_consecutive_errors=Integer(0)), wraps="inner",
                     state_last=("inner",))
+
+
+def _wraps_dynamic_loss_scale(update: Update) -> bool:
+    """Whether ``update`` holds a dynamic ``loss_scale`` stage, at any depth (wrapped pipelines included)."""
+    for stage in update.stages:
+        options = dict(stage.options)
+        if stage.name == "loss_scale" and options.get("dynamic") is True:
+            return True
+        for value in options.values():
+            inner = value.values() if isinstance(value, dict) else (value,)
+            if any(isinstance(v, Update) and _wraps_dynamic_loss_scale(v) for v in inner):
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------
+# Loss scaling (Axon.LossScale)
+
+
+class LossScaleState(NamedTuple):
+    """The wrapped pipeline's state, the loss scale and the finite steps counted towards its growth (Axon's
+    ``counter``: always 0 for a static scale)."""
+
+    inner: tuple
+    scale: Annotated[Any, POSITIVE]
+    counter: Count
+
+
+def _init_loss_scale(params, *, inner, loss_scale):
+    return LossScaleState(inner=inner.init(params), scale=jnp.asarray(loss_scale, jnp.float32),
+                          counter=_tree.zero_count())
+
+
+def _apply_loss_scale(updates, state, params, *, inner, dynamic, period, factor, min_loss_scale, **extra):
+    scale = state.scale
+
+    def unscale(g):
+        return _tree.cast(_tree.cast(g, _tree.compute_dtype(g.dtype)) / scale, g.dtype)
+
+    out, inner_state = inner.update(jax.tree.map(unscale, updates), state.inner, params, **extra)
+    if not dynamic:
+        return out, LossScaleState(inner=inner_state, scale=scale, counter=state.counter)
+    finite = _all_finite(updates)
+    grown = scale * factor
+    grow = (state.counter == period - 1) & jnp.isfinite(grown)
+    new_scale = jnp.where(finite, jnp.where(grow, grown, scale), jnp.maximum(min_loss_scale, scale / factor))
+    counter = jnp.where(finite, (state.counter + 1) % period, 0).astype(jnp.int32)
+    return out, LossScaleState(inner=inner_state, scale=new_scale.astype(jnp.float32), counter=counter)
+
+
+_LOSS_SCALE_DOMAINS = dict(inner=Pipeline(), loss_scale=POSITIVE, dynamic=Flag(), period=Integer(1),
+                           factor=Real(1.0), min_loss_scale=POSITIVE)
+
+
+@combinator(wraps=True)
+def loss_scale(inner: Update, loss_scale: ArrayLike = 2.0**15, *, dynamic: bool = False, period: int = 2000,
+               factor: ScalarOrSchedule = 2.0, min_loss_scale: ScalarOrSchedule = 1.0) -> Update:
+    r"""Unscales the gradients of a scaled loss for the pipeline before it (Axon.LossScale).
+
+    Mixed-precision training differentiates $s \cdot L$ rather than the loss
+    $L$, so that small gradients do not underflow in float16; this stage
+    holds the scale $s$ (read it with :func:`current_loss_scale`, or at the
+    path ``"loss_scale.scale"``) and gives the wrapped pipeline $g / s$, the
+    gradients of $L$. A static scale (``dynamic=False``, Axon's
+    ``LossScale.static``) never changes. A dynamic one (Axon's
+    ``LossScale.dynamic``) follows the gradients it gets, with $c$ the
+    finite steps counted since the last change, $f$ = ``factor``,
+    $P$ = ``period`` and $s_{\min}$ = ``min_loss_scale``:
+
+    $$
+    \begin{align*}
+    s &\gets \begin{cases}
+      f s & \text{all of } g \text{ finite, } c = P - 1 \text{ and } f s \text{ finite} \\
+      s & \text{all of } g \text{ finite otherwise} \\
+      \max(s_{\min}, s / f) & \text{otherwise}
+    \end{cases} \\
+    c &\gets \begin{cases} (c + 1) \bmod P & \text{all of } g \text{ finite} \\ 0 & \text{otherwise} \end{cases}
+    \end{align*}
+    $$
+
+    so the scale grows by $f$ after every $P$ finite steps in a row and
+    backs off by $f$ on a step holding a NaN or an infinity. The new scale
+    applies from the next step on. This stage does not skip the step that
+    overflowed: wrap the optimizer in :func:`apply_if_finite` *inside* it
+    (``optimizer.apply_if_finite().loss_scale(dynamic=True)``), which drops
+    it and keeps the optimizer's state. ``apply_if_finite`` around a dynamic
+    loss scale is refused: it would undo the back-off of every step it drops.
+
+    Args:
+        loss_scale: the (initial) loss scale, > 0. Default: ``32768.0``
+            ($2^{15}$, Axon's).
+        dynamic: whether the scale follows the gradients (Axon's
+            ``dynamic``) or stays (``static``). Default: ``False``.
+        period: the finite steps in a row after which a dynamic scale
+            grows, an integer >= 1. Default: ``2000``.
+        factor: what a dynamic scale is multiplied by when it grows and
+            divided by when it backs off, >= 1, or a schedule. Default:
+            ``2.0``.
+        min_loss_scale: the lowest a dynamic scale backs off to, > 0, or a
+            schedule. Default: ``1.0``.
+
+    Returns:
+        An update object with state ``LossScaleState(inner, scale, counter)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.optimizers.sgd(0.1).apply_if_finite().loss_scale(2.0**10, dynamic=True, period=2)
+        >>> params = {"w": jnp.ones(2)}
+        >>> state = opt.init(params)
+        >>> loss = lambda p: jnp.sum(p["w"] ** 2)
+        >>> for _ in range(2):  # two finite steps: the scale doubles
+        ...     grads = jax.grad(lambda p: loss(p) * ux.current_loss_scale(state))(params)
+        ...     updates, state = opt.update(grads, state, params)
+        ...     params = ux.apply_updates(params, updates)
+        >>> params["w"], ux.current_loss_scale(state)
+        (Array([0.64, 0.64], dtype=float32), Array(2048., dtype=float32))
+        >>> updates, state = opt.update({"w": jnp.array([jnp.inf, 1.0])}, state, params)
+        >>> updates["w"], ux.current_loss_scale(state)  # overflow: the step is dropped, the scale halves
+        (Array([0., 0.], dtype=float32), Array(1024., dtype=float32))
+
+    References:
+        Micikevicius et al., "Mixed Precision Training", ICLR 2018.
+        https://arxiv.org/abs/1710.03740; Axon's ``Axon.LossScale``.
+    """
+    return stateful(_init_loss_scale, _apply_loss_scale, name="loss_scale",
+                    options=dict(inner=inner, loss_scale=loss_scale, dynamic=dynamic, period=period, factor=factor,
+                                 min_loss_scale=min_loss_scale),
+                    domains=_LOSS_SCALE_DOMAINS, wraps="inner", schedulable=("factor", "min_loss_scale"))
+
+
+def current_loss_scale(state: PyTree) -> jax.Array:
+    """The scale of a pipeline's :func:`loss_scale` stage: what the loss is multiplied by before differentiation.
+
+    Args:
+        state: the state of a pipeline holding exactly one ``loss_scale``
+            stage (at any depth), or that stage's ``LossScaleState``.
+            No default.
+
+    Returns:
+        A float32 scalar array (usable under ``jax.jit``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.optimizers.adam(1e-3).loss_scale(2.0**12)
+        >>> ux.current_loss_scale(opt.init({"w": jnp.zeros(2)}))
+        Array(4096., dtype=float32)
+    """
+    found = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, LossScaleState))
+             if isinstance(s, LossScaleState)]
+    if len(found) != 1:
+        raise ValueError(f"current_loss_scale: the state holds {len(found)} loss_scale states; pass the one to read")
+    return found[0].scale
