@@ -551,6 +551,11 @@ def _polyak_variants(params):
     return st.sampled_from(["sps", "sps+"])
 
 
+@_structural("reduce_on_plateau", "mode", "'\"min\" or \"max\"'")
+def _plateau_modes(params):
+    return st.sampled_from(["min", "max"])
+
+
 @_structural("scale_by_shampoo", "graft", "'\"adagrad\", \"rmsprop\", \"adam\" or \"sgd\"'")
 @_structural("optimizers.shampoo", "graft", "scale_by_shampoo.graft")
 def _shampoo_grafts(params):

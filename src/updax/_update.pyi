@@ -199,6 +199,7 @@ class Update:
         cooldown: int = 0,
         accumulation_size: int = 1,
         min_scale: ScalarOrSchedule = 0.0,
+        mode: str = 'min',
     ) -> Update:
         """Multiplies updates by a factor that drops when the reported loss stops improving. See
         :func:`updax.reduce_on_plateau`."""
