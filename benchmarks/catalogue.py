@@ -49,6 +49,7 @@ CATALOGUE = {
     "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0), lambda: optax.lamb(1e-3)),
     "lars": (lambda: O.lars(1e-3), lambda: optax.lars(1e-3)),
     "lion": (lambda: O.lion(1e-4), lambda: optax.lion(1e-4)),
+    "madgrad": (lambda: O.madgrad(1e-2), lambda: contrib.madgrad(1e-2)),
     "muon": (lambda: O.muon(), lambda: contrib.muon(0.02)),
     "nadam": (lambda: O.nadam(1e-3), lambda: optax.nadam(1e-3)),
     "nadamw": (lambda: O.nadamw(1e-3), lambda: optax.nadamw(1e-3)),

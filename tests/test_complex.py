@@ -219,7 +219,8 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
             "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_factored_rms", "scale_by_sm3",
             "scale_by_newton_schulz", "scale_by_muon", "scale_by_normuon", "keep_params_nonnegative",
             "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch",
-            "scale_by_shampoo", "scale_by_soap", "scale_by_sophia"}  # eigenbases of real statistics; Hutchinson's signs
+            "scale_by_shampoo", "scale_by_soap", "scale_by_sophia",  # eigenbases of real statistics; Hutchinson's signs
+            "scale_by_madgrad"}  # a cube root of sums of squares, written for real numbers as optax's
 
 SUPPORTED = {
     "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)

@@ -57,6 +57,7 @@ def test_each_optimizer_equals_its_explicit_pipeline():
         "muon": ux.scale_by_muon().scale_by_shape().add_decayed_weights(0.0).scale_by_learning_rate(lr),
         "adam": ux.scale_by_nadam().add_decayed_weights(0.0).scale_by_learning_rate(lr)}, _muon_groups)
     assert O.sm3(lr) == ux.scale_by_sm3(b1=0.9).scale_by_learning_rate(lr)
+    assert O.madgrad(lr, decay=0.1) == ux.add_decayed_weights(0.1).scale_by_madgrad(lr).scale(-1.0)
     assert O.fromage(lr) == ux.scale_by_trust_ratio(min_norm=1e-6).scale_by_learning_rate(lr * m).add_decayed_weights(
         m - 1)
 
@@ -176,6 +177,8 @@ PARITY = [
      lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),
      lambda: optax.contrib.schedule_free(optax.sgd(0.05), 0.05, b1=0.7, weight_lr_power=1.0)),
+    ("madgrad", lambda: O.madgrad(0.05, momentum=0.8, decay=0.01, eps=1e-6),
+     lambda: optax.contrib.madgrad(0.05, momentum=0.8, weight_decay=0.01, eps=1e-6)),
     # Nesterov's first moment on the Adam family, and weight-decay masks (a function, a pytree, a prefix).
     ("adam_nesterov", lambda: O.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True),
      lambda: optax.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True)),

@@ -381,6 +381,14 @@ class Update:
     ) -> Update:
         """Scales updates to the sign of an interpolation of momentum and update (Lion). See
         :func:`updax.scale_by_lion`."""
+    def scale_by_madgrad(
+        self,
+        learning_rate: ScalarOrSchedule = 0.01,
+        momentum: ScalarOrSchedule = 0.9,
+        eps: ScalarOrSchedule = 1e-06,
+    ) -> Update:
+        """Scales updates by MADGRAD: momentumised dual averaging with a cube-root adaptive denominator. See
+        :func:`updax.scale_by_madgrad`."""
     def scale_by_mars(
         self,
         gamma: ScalarOrSchedule = 0.025,

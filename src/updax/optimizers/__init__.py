@@ -21,6 +21,7 @@ from updax.optimizers._adam import (
     yogi,
 )
 from updax.optimizers._adam_variants import ademamix, adopt, simplified_ademamix
+from updax.optimizers._dual_averaging import madgrad
 from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
@@ -52,4 +53,5 @@ __all__ = [
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
     "shampoo",
     "sophia",
+    "madgrad",
 ]

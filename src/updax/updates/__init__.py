@@ -32,6 +32,7 @@ from updax.updates._averaging import (
     swa,
 )
 from updax.updates._clipping import adaptive_grad_clip, centralize, clip, clip_by_global_norm, global_norm
+from updax.updates._dual_averaging import scale_by_madgrad
 from updax.updates._factored import clip_by_block_rms, scale_by_factored_rms, scale_by_param_block_rms, scale_by_sm3
 from updax.updates._flat import flat_state, from_flat
 from updax.updates._layerwise import scale_by_novograd, scale_by_trust_ratio
@@ -129,6 +130,7 @@ __all__ = [
     "scale_by_lbfgs",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_madgrad",
     "scale_by_mars",
     "scale_by_muon",
     "scale_by_nadam",
