@@ -228,3 +228,65 @@ def test_low_precision_params_keep_their_dtype_and_float32_moments():
         assert [u.dtype for u in jax.tree.leaves(updates)] == [jnp.float16, jnp.bfloat16]
         moments = [x for x in jax.tree.leaves(state) if x.ndim > 0]
         assert moments and all(x.dtype == jnp.float32 for x in moments)
+
+
+# --------------------------------------------------------------------------
+# LaProp: not in optax 0.2.8; a float64 transcription of the paper's Algorithm 1
+
+
+def _paper_laprop(grads, lr, b1, b2, eps, decay, x):
+    """Ziyin et al., Algorithm 1, float64, with decoupled weight decay lr·decay·x (the authors' code's)."""
+    m, v, out = np.zeros_like(x), np.zeros_like(x), []
+    for t, g in enumerate(grads, start=1):
+        v = b2 * v + (1 - b2) * g * g
+        m = b1 * m + (1 - b1) * g / (np.sqrt(v / (1 - b2**t)) + eps)
+        x = x - lr * (m / (1 - b1**t) + decay * x)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("b1, b2, eps, decay", [(0.9, 0.999, 1e-15, 0.0), (0.5, 0.9, 1e-4, 0.1), (0.99, 0.5, 0.0, 0.0)])
+def test_laprop_follows_the_paper_over_20_steps_on_a_nested_tree(b1, b2, eps, decay):
+    params = nested_tree(seed=0)
+    grads = [_grads(t) for t in range(N_STEPS)]
+    opt = O.laprop(0.05, b1=b1, b2=b2, eps=eps, decay=decay)
+    state, step, p = opt.init(params), jax.jit(opt.update), params
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
+    expected = [_paper_laprop([np.asarray(jax.tree.leaves(g)[i], np.float64) for g in grads], 0.05, b1, b2, eps,
+                              decay, x) for i, x in enumerate(leaves)]
+    for t, g in enumerate(grads):
+        u, state = step(g, state, p)
+        p = ux.apply_updates(p, u)
+        for i, x in enumerate(jax.tree.leaves(p)):
+            np.testing.assert_allclose(x, expected[i][t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
+
+
+def test_laprop_with_no_momentum_is_rmsprop_bias_corrected_with_eps_outside():
+    """b1 = 0: the update is g / (sqrt(v / (1 - b2^t)) + eps), optax's rmsprop(eps_in_sqrt=False,
+    bias_correction=True)."""
+    opt = ux.scale_by_laprop(b1=0.0, b2=0.9, eps=1e-6)
+    ref = optax.scale_by_rms(decay=0.9, eps=1e-6, eps_in_sqrt=False, bias_correction=True)
+    params = nested_tree(seed=0)
+    s1, s2 = opt.init(params), ref.init(params)
+    for t in range(N_STEPS):
+        u1, s1 = opt.update(_grads(t), s1)
+        u2, s2 = ref.update(_grads(t), s2)
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL, err_msg=f"step {t}")
+
+
+def test_laprop_leaves_a_zero_update_zero_without_eps():
+    opt = ux.scale_by_laprop(b1=0.9, b2=0.99, eps=0.0)
+    state = opt.init({"w": jnp.zeros(2)})
+    for g in ([0.0, 1.0], [0.0, -1.0]):
+        u, state = opt.update({"w": jnp.array(g)}, state)
+        assert np.all(np.isfinite(u["w"])) and float(u["w"][0]) == 0.0
+
+
+def test_laprop_equals_its_pipeline_and_names_its_state():
+    assert O.laprop(0.1, decay=0.01) == ux.scale_by_laprop().add_decayed_weights(0.01).scale_by_learning_rate(0.1)
+    opt = O.laprop(0.1)
+    state = opt.init({"w": jnp.zeros(2)})
+    assert int(opt.get_state(state, "scale_by_laprop.count")) == 0
+    with pytest.raises(ValueError, match=r"scale_by_laprop\(b1=1.0\): b1 must be in \[0, 1\)"):
+        ux.scale_by_laprop(b1=1.0)

@@ -237,7 +237,7 @@ SUPPORTED = {
     "scale_by_mars",  # |c|² norms, a real factor (tests/test_mars.py)
     # tests/test_adam_variants.py: ADOPT clips the modulus (against the paper's rule in float64); optax 0.2.8's
     # simplified AdEMAMix squares complex updates without the conjugate, its phase is checked here.
-    "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix",
+    "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix", "scale_by_laprop",
 }
 
 

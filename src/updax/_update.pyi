@@ -366,6 +366,17 @@ class Update:
     ) -> Update:
         """Scales updates by Adafactor's factored estimate of their root mean square. See
         :func:`updax.scale_by_factored_rms`."""
+    def scale_by_laprop(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-15,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by LaProp: the momentum of the updates normalised by their second moment. See
+        :func:`updax.scale_by_laprop`."""
     def scale_by_lbfgs(self, memory_size: int = 10, scale_init_precond: bool = True) -> Update:
         """Multiplies updates by the L-BFGS approximation of the inverse Hessian. See
         :func:`updax.scale_by_lbfgs`."""

@@ -22,6 +22,7 @@ from updax.updates._adam import (
 from updax.updates._adam_variants import (
     scale_by_ademamix,
     scale_by_adopt,
+    scale_by_laprop,
     scale_by_simplified_ademamix,
 )
 from updax.updates._averaging import (
@@ -127,6 +128,7 @@ __all__ = [
     "scale_by_dog",
     "scale_by_dowg",
     "scale_by_factored_rms",
+    "scale_by_laprop",
     "scale_by_lbfgs",
     "scale_by_learning_rate",
     "scale_by_lion",

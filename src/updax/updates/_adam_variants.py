@@ -1,10 +1,11 @@
-"""Recent variants of Adam: ADOPT, AdEMAMix and simplified AdEMAMix.
+"""Recent variants of Adam: ADOPT, AdEMAMix, simplified AdEMAMix and LaProp.
 
 ADOPT normalises each update by the second moment of the *previous*
 updates before averaging it; AdEMAMix adds a slow EMA of the updates to
 Adam's fast one; simplified AdEMAMix replaces both by one undamped sum of
-the updates plus a multiple of the current one. Defaults are the papers' or
-optax's (``optax.contrib``); each docstring says which.
+the updates plus a multiple of the current one; LaProp takes the momentum of
+the updates after dividing them by the root of their second moment. Defaults
+are the papers' or optax's (``optax.contrib``); each docstring says which.
 """
 
 from __future__ import annotations
@@ -341,3 +342,83 @@ def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedu
     return _variant(_init_scale_by_simplified_ademamix, _apply_scale_by_simplified_ademamix,
                     "scale_by_simplified_ademamix",
                     dict(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
+
+
+# --------------------------------------------------------------------------
+# LaProp
+
+
+class ScaleByLapropState(NamedTuple):
+    """The momentum of the normalised updates ``mu``, the second moment of the updates ``nu``, steps taken
+    ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+def _init_scale_by_laprop(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByLapropState)
+
+
+def _apply_scale_by_laprop(updates, state, params, *, b1, b2, eps):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def rule(g, m, v):
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        scale = safe_sqrt(v / c2) + eps
+        m = b1 * m + (1 - b1) * g / jnp.where(scale == 0, 1.0, scale)  # (v = 0 only where g = 0)
+        return m / c1, m, v
+
+    u, mu, nu = per_leaf("scale_by_laprop", rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByLapropState(mu=mu, nu=nu, count=count)
+
+
+@combinator
+def scale_by_laprop(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-15, *,
+                    mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+    r"""Scales updates by LaProp: the momentum of the updates normalised by their second moment.
+
+    Update rule, as in the paper (Algorithm 1), for an update $g$ at step $t$ (counting from 1), with $b_1$ =
+    ``b1``, $b_2$ = ``b2`` and $\epsilon$ = ``eps``:
+
+    $$
+    \begin{align*}
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    m &\gets b_1 m + (1 - b_1)\, \frac{g}{\sqrt{v / (1 - b_2^t)} + \epsilon} \\
+    u &= m / (1 - b_1^t)
+    \end{align*}
+    $$
+
+    Adam divides the momentum by the root of the second moment; LaProp takes
+    the momentum of the already divided updates, which decouples ``b1`` from
+    ``b2`` (any $b_1 \le 1$ and $b_2$ converge). Where $v = 0$ (the update and
+    its history are 0) the normalised update is 0, also with $\epsilon = 0$.
+
+    Args:
+        b1: decay of the momentum, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0 (the authors' code's 1e-15).
+            Default: ``1e-15``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but
+            at least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByLapropState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_laprop(eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([0.5, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"]  # the first step is g / |g|
+        Array([ 1., -1.], dtype=float32)
+
+    References:
+        Ziyin, Wang & Ueda, "LaProp: Separating Momentum and Adaptivity in
+        Adam", 2020. https://arxiv.org/abs/2002.04839
+    """
+    return _variant(_init_scale_by_laprop, _apply_scale_by_laprop, "scale_by_laprop",
+                    dict(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
