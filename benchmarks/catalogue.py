@@ -58,6 +58,7 @@ CATALOGUE = {
     "novograd": (lambda: O.novograd(1e-3), lambda: optax.novograd(1e-3)),
     # optax's optimistic_adam_v2 defaults to Nesterov's first moment, updax's to Adam's.
     "optimistic_adam": (lambda: O.optimistic_adam(1e-3), lambda: optax.optimistic_adam_v2(1e-3, nesterov=False)),
+    "optimistic_adam_v2": (lambda: O.optimistic_adam_v2(1e-3), lambda: optax.optimistic_adam_v2(1e-3)),
     "optimistic_gradient_descent": (lambda: O.optimistic_gradient_descent(1e-2),
                                     lambda: optax.optimistic_gradient_descent(1e-2)),
     "prodigy": (lambda: O.prodigy(), lambda: contrib.prodigy()),
@@ -66,6 +67,7 @@ CATALOGUE = {
     # optax 0.2.8 returns the previous step's update (0 on the first): the same rule one step late.
     "rprop": (lambda: O.rprop(1e-3), lambda: optax.rprop(1e-3)),
     "schedule_free_adamw": (lambda: O.schedule_free_adamw(), lambda: contrib.schedule_free_adamw()),
+    "schedule_free_sgd": (lambda: O.schedule_free_sgd(), lambda: contrib.schedule_free_sgd()),
     "sgd": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
     "sign_sgd": (lambda: O.sign_sgd(1e-3), lambda: optax.sign_sgd(1e-3)),
     "signum": (lambda: O.signum(1e-3), lambda: optax.signum(1e-3)),

@@ -27,12 +27,12 @@ from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
 from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
 from updax.optimizers._mars import mars_adamw, mars_lion
-from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
+from updax.optimizers._optimistic import optimistic_adam, optimistic_adam_v2, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon, normuon
 from updax.optimizers._privacy import dpsgd
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._shampoo import shampoo
-from updax.optimizers._sgd import noisy_sgd, sgd
+from updax.optimizers._sgd import noisy_sgd, schedule_free_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
 from updax.optimizers._soap import soap
 from updax.optimizers._sophia import sophia
@@ -55,4 +55,5 @@ __all__ = [
     "sophia",
     "madgrad",
     "laprop",
+    "schedule_free_sgd", "optimistic_adam_v2",
 ]
