@@ -110,6 +110,7 @@ LEFT_OUT = {
     "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",
     "normuon": "not in optax 0.2.8 (its NorMuon is an open pull request)",
     "laprop": "optax 0.2.8 has no LaProp",
+    "acprop": "optax 0.2.8 centres on the previous momentum, against its documentation (its pull request 1716)",
 }
 
 

@@ -126,6 +126,7 @@ ENTRIES = {
     "scale_by_simplified_ademamix": lambda: ux.scale_by_simplified_ademamix(b1=0.9, b2=0.95, alpha=1.0, eps=1e-8,
                                                                             eps_root=0.0),
     "scale_by_laprop": lambda: ux.scale_by_laprop(b1=0.9, b2=0.95, eps=1e-8),
+    "scale_by_acprop": lambda: ux.scale_by_acprop(b1=0.9, b2=0.95, eps=1e-8, eps_root=1e-16),
     "zero_nans": lambda: ux.zero_nans(),
     "keep_params_nonnegative": lambda: ux.keep_params_nonnegative(),
     "snapshot": lambda: ux.scale(-0.5).snapshot(),

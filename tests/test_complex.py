@@ -238,6 +238,7 @@ SUPPORTED = {
     # tests/test_adam_variants.py: ADOPT clips the modulus (against the paper's rule in float64); optax 0.2.8's
     # simplified AdEMAMix squares complex updates without the conjugate, its phase is checked here.
     "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix", "scale_by_laprop",
+    "scale_by_acprop",
 }
 
 

@@ -215,6 +215,18 @@ class Update:
         See :func:`updax.sam`."""
     def scale(self, step_size: ScalarOrSchedule) -> Update:
         """Multiplies updates by a fixed step size. See :func:`updax.scale`."""
+    def scale_by_acprop(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-16,
+        eps_root: ScalarOrSchedule = 1e-16,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by ACProp: AdaBelief's centred second moment, read one step late. See
+        :func:`updax.scale_by_acprop`."""
     def scale_by_adadelta(
         self,
         rho: ScalarOrSchedule = 0.9,

@@ -20,7 +20,7 @@ from updax.optimizers._adam import (
     schedule_free_adamw,
     yogi,
 )
-from updax.optimizers._adam_variants import ademamix, adopt, laprop, simplified_ademamix
+from updax.optimizers._adam_variants import acprop, ademamix, adopt, laprop, simplified_ademamix
 from updax.optimizers._dual_averaging import madgrad
 from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
@@ -54,6 +54,6 @@ __all__ = [
     "shampoo",
     "sophia",
     "madgrad",
-    "laprop",
+    "laprop", "acprop",
     "schedule_free_sgd", "optimistic_adam_v2",
 ]

@@ -20,6 +20,7 @@ from updax.updates._adam import (
     scale_by_yogi,
 )
 from updax.updates._adam_variants import (
+    scale_by_acprop,
     scale_by_ademamix,
     scale_by_adopt,
     scale_by_laprop,
@@ -114,6 +115,7 @@ __all__ = [
     "reduce_on_plateau",
     "sam",
     "scale",
+    "scale_by_acprop",
     "scale_by_adadelta",
     "scale_by_adam",
     "scale_by_adamax",
