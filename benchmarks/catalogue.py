@@ -109,6 +109,7 @@ LEFT_OUT = {
     "sophia": "takes the objective's function (Hutchinson's estimate of the Hessian's diagonal)",
     "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",
     "normuon": "not in optax 0.2.8 (its NorMuon is an open pull request)",
+    "psgd_kron": "optax 0.2.8 has no PSGD",
     "laprop": "optax 0.2.8 has no LaProp",
     "acprop": "optax 0.2.8 centres on the previous momentum, against its documentation (its pull request 1716)",
 }

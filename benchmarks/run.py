@@ -32,6 +32,7 @@ each library in a fresh process (its first call compiles every op per leaf shape
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
 import logging
@@ -494,10 +495,24 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def commit():
+    """The checkout's commit, with ``+dirty`` when tracked files differ from it (None outside a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def environment():
-    """The versions, the machine and the device a result was measured with."""
+    """The versions, the machine and the device a result was measured with, when (UTC) and at which commit."""
     device = jax.devices()[0]
-    return {"updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit(),
+            "updax": ux.__version__, "optax": optax.__version__, "jax": jax.__version__,
             "platform": device.platform, "device_kind": device.device_kind, "device_count": jax.device_count(),
             "machine": f"{platform.machine()}, {jax.device_count()} {device.platform} device(s) "
                        f"({device.device_kind}), python {sys.version.split()[0]}"}

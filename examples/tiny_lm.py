@@ -107,13 +107,14 @@ OPTIMIZERS = {
     "mars_adamw": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.mars_adamw(lr, decay=0.01, mask=_matrices)),
     "shampoo": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.shampoo(lr)),
     "soap": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.soap(lr)),
-    "psgd": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.psgd(lr)),
+    # (its whitened step has an RMS about 1, as Adam's: Adam's grid)
+    "psgd_kron": ([1e-3, 3e-3, 1e-2], lambda lr: ux.optimizers.psgd_kron(lr)),
 }
 
 
 def available(names):
     missing = {"normuon": "normuon", "mars_adamw": "mars_adamw", "shampoo": "shampoo", "soap": "soap",
-               "psgd": "psgd"}
+               "psgd_kron": "psgd_kron"}
     kept = [n for n in names if n not in missing or hasattr(ux.optimizers, missing[n])]
     for n in names:
         if n not in kept:

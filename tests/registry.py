@@ -26,6 +26,22 @@ def _halving(count):
     return 0.5 ** (count / 2)
 
 
+def _three_in_four(step):
+    """The conditional wrappers' choice: all calls but every fourth from the first (so, at the int32 limit, where
+    the step saturates at 2**31 - 1, every call: tests/test_counters.py)."""
+    return step % 4 != 0
+
+
+def _norms(updates, params):
+    """What a monitor records: the update and param norms and their ratio."""
+    update_norm, param_norm = ux.global_norm(updates), ux.global_norm(params)
+    return {"update": update_norm, "param": param_norm, "ratio": update_norm / param_norm}
+
+
+def _update_norm(updates, params):
+    return ux.global_norm(updates)
+
+
 def _stacked_matrices(params):
     """Muon's dimension numbers: every leaf with two axes or more is a batch of matrices over its last two."""
     return jax.tree.map(lambda p: ux.MuonDimensionNumbers(-2, -1) if p.ndim >= 2 else None, params)
@@ -108,14 +124,19 @@ ENTRIES = {
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,
                                               nesterov=True, adaptive=True,
                                               weight_dimension_numbers=_stacked_matrices),
-    # (refreshed every 2 steps from step 2, axes above 3 elements left out: the sweeps' few steps hit a refresh and
-    # both kinds of axis)
+    # (refreshed every 2 steps from step 2, axes above 3 elements cut into blocks of 3: the sweeps' few steps hit a
+    # refresh, and leaves cut into blocks (a (3, 4) matrix in the registry's tree, (8, 4) and (2, 4, 3) on the
+    # sharded checks' mesh) and not)
     "scale_by_shampoo": lambda: ux.scale_by_shampoo(b2=0.9, eps=1e-8, matrix_eps=1e-6, precondition_frequency=2,
                                                     start_preconditioning_step=2, max_preconditioner_dim=3,
-                                                    graft="adam"),
+                                                    graft="adam", block_size=3),
     "scale_by_normuon": lambda: ux.scale_by_normuon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95,
                                                     beta2=0.9, eps=1e-8, rms=0.2, nesterov=True,
                                                     weight_dimension_numbers=_stacked_matrices),
+    # (axes above 3 elements get diagonal factors; Li's init scale from the first gradients; a fit at every step)
+    "scale_by_psgd_kron": lambda: ux.scale_by_psgd_kron(b1=0.9, precond_lr=0.1, precond_update_prob=1.0,
+                                                        max_size_triangular=3, preconditioner_init_scale=None,
+                                                        momentum_into_precond_update=True, key=3),
     "schedule_free": lambda: ux.scale_by_adam(b1=0.0).scale_by_learning_rate(0.1).schedule_free(0.1, b1=0.9),
     "scale_by_adan": lambda: ux.scale_by_adan(b1=0.98, b2=0.92, b3=0.99, eps=1e-8, eps_root=0.0),
     "scale_by_mars": lambda: ux.scale_by_mars(gamma=0.5, b1=0.9, max_norm=1.0),
@@ -161,6 +182,16 @@ ENTRIES = {
     # (b2=0.6, gamma=1: the estimate of the Hessian, 1 + 3w², brings most ratios inside the clip from step 2 on)
     "scale_by_sophia": lambda: ux.scale_by_sophia(b1=0.9, b2=0.6, eps=1e-8, gamma=1.0, clip_threshold=5.0,
                                                   update_interval=2, key=3, objective=quartic),
+    "conditionally_mask": lambda: ux.scale_by_adam().scale(-0.1).conditionally_mask(_three_in_four),
+    "conditionally_transform": lambda: ux.scale_by_adam().scale(-0.1).conditionally_transform(_three_in_four),
+    "apply_every": lambda: ux.apply_every(2),
+    "selective_transform": lambda: ux.scale_by_adam().scale(-0.1).selective_transform(_matrices),
+    "monitor": lambda: ux.scale(-0.5).monitor({"norms": _norms, "ema": ux.measure_with_ema(_update_norm, 0.9)},
+                                              with_params=True),
+    "normalize_by_update_norm": lambda: ux.normalize_by_update_norm(scale_factor=-0.5, eps=1e-6),
+    "scale_by_param_block_norm": lambda: ux.scale_by_param_block_norm(min_scale=1e-3),
+    "per_example_layer_norm_clip": lambda: ux.per_example_layer_norm_clip(l2_norm_clip=1.0, uniform=False),
+    "split_real_and_imaginary": lambda: ux.scale_by_adam().scale(-0.1).split_real_and_imaginary(),
     "scale_by_backtracking_linesearch": lambda: ux.scale(-1.0).scale_by_backtracking_linesearch(
         max_backtracking_steps=8, slope_rtol=1e-4, decrease_factor=0.8, increase_factor=1.5, max_learning_rate=1.0,
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
@@ -171,23 +202,24 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
                 "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
-                "scale_by_sophia", "scale_by_madgrad"}
+                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
             "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
             "scale_by_newton_schulz", "scale_by_shape", "freeze", "per_example_global_norm_clip",
-            "differentially_private_aggregate"}
+            "differentially_private_aggregate", "normalize_by_update_norm", "per_example_layer_norm_clip"}
 
 #: Public names of ``updax.updates`` that are not catalogue combinators.
 NOT_COMBINATORS = {"apply_updates", "combinator", "compose", "identity", "stateful", "stateless", "global_norm",
                    "schedule_free_eval_params", "averaged_params", "has_updated", "skip_not_finite", "per_example_clipped_sum",
-                   "skip_large_updates", "MuonDimensionNumbers", "value_and_grad_from_state", "from_flat"}
+                   "skip_large_updates", "MuonDimensionNumbers", "measure_with_ema", "unitwise_clip",
+                   "incremental_update", "periodic_update", "scale_gradient", "value_and_grad_from_state", "from_flat"}
 
 
 #: Entries whose updates are per-example: a leading axis of examples on every leaf, which the entry reduces (its
 #: output is shaped like the params, as every entry's is). The tests feed every pipeline ``updates_for(opt, grads)``.
-PER_EXAMPLE = {"per_example_global_norm_clip", "differentially_private_aggregate"}
+PER_EXAMPLE = {"per_example_global_norm_clip", "differentially_private_aggregate", "per_example_layer_norm_clip"}
 
 #: The examples ``as_examples`` makes of one gradient: its multiples. With the registry's nested trees (global norm
 #: about 6) and l2_norm_clip=1, some examples are clipped and one (-0.1) is not.

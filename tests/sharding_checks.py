@@ -100,10 +100,10 @@ def _placement(state, params, mesh, mirrors_only=False):
     problems, derived = [], {}
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         key = jax.tree_util.keystr(path)
-        # The param a leaf belongs to: its path ends with the param's, or with it and one index (sm3's per-axis
-        # accumulators are a tuple per param).
+        # The param a leaf belongs to: its path ends with the param's, or with it and indices (sm3's per-axis
+        # accumulators are a tuple per param, Shampoo's blocked statistics a tuple of tuples).
         owner = next((p for p in sorted(by_path, key=len, reverse=True)
-                      if re.search(re.escape(p) + r"(\[\d+\])?$", key)), None)
+                      if re.search(re.escape(p) + r"(\[\d+\])*$", key)), None)
         if mirrors_only and (owner is None or jnp.shape(x) != by_path[owner].shape):
             continue
         if owner is None:  # a stage's own value (a count, a key): replicated over the params' mesh
@@ -193,14 +193,20 @@ def state_bytes_per_device(state):
 
 
 #: The ZeRO-1 checks: the optimizer behind clip_by_global_norm in each.
-ZERO1 = {"zero1": lambda: ux.optimizers.adamw(0.1, decay=0.01), "zero1_lion": lambda: ux.optimizers.lion(0.1)}
+ZERO1 = {"zero1": lambda: ux.optimizers.adamw(0.1, decay=0.01), "zero1_lion": lambda: ux.optimizers.lion(0.1),
+         # their n x n statistics (and roots, bases) split too, the roots refreshed (eigh of the gathered statistic)
+         # at every step, the bases at the first and by a power step at the third
+         "zero1_shampoo": lambda: ux.optimizers.shampoo(0.1, precondition_frequency=1),
+         "zero1_soap": lambda: ux.optimizers.soap(0.1, precondition_frequency=3)}
 
 
 def zero1(axis_type, name="zero1"):
     """ZeRO-1: params replicated over 8 devices, adamw's state split over the data axis by zero1_shardings; the
     same params as the replicated run, the params stay replicated, the state stays split, and each device holds
     an eighth of the moments. As ``zero1_lion``, the same with lion, whose momentum is written after the
-    params' update (updax._backend._order: its order must follow the state's sharding, not the params')."""
+    params' update (updax._backend._order: its order must follow the state's sharding, not the params'). As
+    ``zero1_shampoo`` and ``zero1_soap``, the same with their n x n statistics, roots and bases split too (each
+    step gathers them for its products and its eigendecompositions)."""
     mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
     replicated = NamedSharding(mesh, P())
     rng = np.random.default_rng(0)

@@ -53,6 +53,11 @@ BOUNDED = {
     ("ReduceOnPlateauState", "cooldown_count"): ("reduce_on_plateau", lambda s: s.option("cooldown")),
     ("LookaheadState", "steps_since_sync"): ("lookahead", lambda s: s.option("sync_period") - 1),
     ("SamState", "steps_since_sync"): ("sam", lambda s: s.option("sync_period") - 1),
+    ("ApplyEveryState", "count"): ("apply_every", lambda s: s.option("k") - 1),
+    # (the conditional wrappers' step decides which calls run the pipeline inside: started at the limit in both
+    # runs, it stays there, saturated, and both runs run the same calls)
+    ("ConditionallyMaskState", "step"): ("conditionally_mask", lambda s: INT32_MAX),
+    ("ConditionallyTransformState", "step"): ("conditionally_transform", lambda s: INT32_MAX),
     # (evaluations in the last line search: a diagnostic overwritten each call, bounded by its option)
     ("ScaleByBacktrackingLinesearchState", "num_linesearch_steps"): (
         "scale_by_backtracking_linesearch", lambda s: s.option("max_backtracking_steps") + 1),

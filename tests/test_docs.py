@@ -19,7 +19,8 @@ PUBLIC = catalogue_names() + ["stateless", "stateful", "hyperparams_in_state", "
 DOCUMENTED = ([(ux, name) for name in PUBLIC] + [(ux.optimizers, name) for name in ux.optimizers.__all__]
               + [(ux.schedules, name) for name in ux.schedules.__all__ if name != "Schedule"]
               + [(ux.sharding, name) for name in ux.sharding.__all__]
-              + [(ux.interop, name) for name in ux.interop.__all__])
+              + [(ux.interop, name) for name in ux.interop.__all__]
+              + [(ux.microbatching, name) for name in ux.microbatching.__all__ if name != "Accumulator"])
 
 
 def _args_section(doc):

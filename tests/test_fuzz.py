@@ -541,6 +541,47 @@ def _snapshot_measures(params):
     return st.sampled_from([None, ux.global_norm])
 
 
+def _always(step, **extra):
+    return step >= 0
+
+
+def _never(step, **extra):
+    return step < 0
+
+
+def _every_other(step, **extra):
+    return step % 2 == 1
+
+
+@_structural("*", "should_transform_fn", "a function of the step count returning a bool: every call, none, every "
+                                         "other one")
+def _conditions(params):
+    return st.sampled_from([_always, _never, _every_other])
+
+
+@_structural("selective_transform", "freeze_mask", "a bool, or a pytree of bools shaped like the params, or a "
+                                                   "function of the params, as any mask")
+def _freeze_masks(params):
+    return st.one_of(st.booleans(), _masks(params))
+
+
+def _measured_norm(updates, params=None):
+    """A monitor's measure either way it is called: with or without the params."""
+    return ux.global_norm(updates)
+
+
+def _measured_leaves(updates, params=None):
+    return jax.tree.map(lambda u: jnp.sum(u.astype(jnp.float32)), updates)
+
+
+@_structural("monitor", "measures", "a dict of measures, functions and measure_with_ema, each taking the params or "
+                                    "not (with_params is drawn too)")
+def _monitor_measures(params):
+    return st.sampled_from([{"norm": _measured_norm},
+                            {"leaves": _measured_leaves, "ema": ux.measure_with_ema(_measured_norm, 0.9)},
+                            {"ema": ux.measure_with_ema(_measured_leaves, 0.5, debias=False)}])
+
+
 @_structural("scale_by_dog", "init_step_type", "'\"heuristic\", \"distance\" or \"learning_rate\"'")
 @_structural("optimizers.dog", "init_step_type", "scale_by_dog.init_step_type")
 def _dog_init_step_types(params):
@@ -562,6 +603,19 @@ def _plateau_modes(params):
 @_structural("optimizers.shampoo", "graft", "scale_by_shampoo.graft")
 def _shampoo_grafts(params):
     return st.sampled_from(["adagrad", "rmsprop", "adam", "sgd"])
+
+
+@_structural("scale_by_shampoo", "block_size", "'None or a positive integer': no blocks, or blocks of 1 to 4 "
+             "elements (the fuzz's leaves have axes of a few elements, so that some are cut)")
+@_structural("optimizers.shampoo", "block_size", "scale_by_shampoo.block_size")
+def _shampoo_block_sizes(params):
+    return st.sampled_from([None, 1, 2, 3, 4])
+
+
+@_structural("scale_by_shampoo", "root_method", "'\"eigh\" or \"newton\"'")
+@_structural("optimizers.shampoo", "root_method", "scale_by_shampoo.root_method")
+def _shampoo_root_methods(params):
+    return st.sampled_from(["eigh", "newton"])
 
 
 def _structural_for(target: str, option: str):

@@ -154,9 +154,10 @@ def test_gradients_through_three_steps(name, float64_run):
             # steps (its weight decay reaches the scale through the reward only, clipped to eps on these steps).
             # L-BFGS sees the params only through w_{k+1} - w_k, which is its own last step. Lookahead's slow
             # weights and SAM's outer params start at the params, and their steps see the params only through the
-            # distance to those (around a pipeline that does not read the params, as here).
+            # distance to those (around a pipeline that does not read the params, as here). A monitor measures the
+            # params into its state only.
             if name in NEEDS_PARAMS - {"ema_params", "swa", "schedule_free", "scale_by_dowg", "scale_by_cocob",
-                                       "scale_by_madgrad", "mechanize", "scale_by_lbfgs", "lookahead", "sam"}:
+                                       "scale_by_madgrad", "mechanize", "scale_by_lbfgs", "lookahead", "sam", "monitor"}:
                 assert any(np.any(x != 0) for x in jax.tree.leaves(d_params)), name
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import datetime
 import doctest
 import inspect
 import io
@@ -158,6 +159,20 @@ def test_an_accelerator_run_is_written_apart_from_the_cpu_run(tmp_path):
         "step_times-tpu.md": "tpu table"}
     assert json.loads(written["step_times-gpu.json"]) == {"platform": "gpu", "quick": False}
     assert bench.environment()["platform"] == jax.devices()[0].platform
+
+
+def test_a_result_records_when_and_at_which_commit_it_was_measured():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    env = bench.environment()
+    measured = datetime.datetime.fromisoformat(env["date"])
+    assert measured.tzinfo is not None and abs(datetime.datetime.now(datetime.timezone.utc) - measured).seconds < 60
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:  # (a checkout: CI's clean clone is one)
+        assert head.stdout.startswith(env["commit"].removesuffix("+dirty"))
 
 
 def test_the_device_check_runs_and_compares_with_the_cpu_and_optax(tmp_path):

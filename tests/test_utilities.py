@@ -255,7 +255,28 @@ OPTAX_CASES = {
     "l1_ball": (lambda t, s: P.projection_l1_ball(t, s), lambda t, s: optax.projections.projection_l1_ball(t, s)),
     "l2_ball": (lambda t, s: P.projection_l2_ball(t, s), lambda t, s: optax.projections.projection_l2_ball(t, s)),
     "linf_ball": (lambda t, s: P.projection_linf_ball(t, s), lambda t, s: optax.projections.projection_linf_ball(t, s)),
+    "l1_sphere": (lambda t, s: P.projection_l1_sphere(t, s), lambda t, s: optax.projections.projection_l1_sphere(t, s)),
+    "l2_sphere": (lambda t, s: P.projection_l2_sphere(t, s), lambda t, s: optax.projections.projection_l2_sphere(t, s)),
+    # (the offset b = ±scale: the trees' points fall on both sides of the sets)
+    "halfspace": (lambda t, s: P.projection_halfspace(t, _normal(t), s),
+                  lambda t, s: optax.projections.projection_halfspace(t, _normal(t), s)),
+    "halfspace_below": (lambda t, s: P.projection_halfspace(t, _normal(t), -s),
+                        lambda t, s: optax.projections.projection_halfspace(t, _normal(t), -s)),
+    "hyperplane": (lambda t, s: P.projection_hyperplane(t, _normal(t), s),
+                   lambda t, s: optax.projections.projection_hyperplane(t, _normal(t), s)),
+    "vector": (lambda t, s: P.projection_vector(t, _normal(t)),
+               lambda t, s: optax.projections.projection_vector(t, _normal(t))),
 }
+
+
+def _normal(tree):
+    """A fixed direction shaped like ``tree``: cos(1), cos(2), ... along its elements."""
+    leaves, treedef = jax.tree.flatten(tree)
+    out, start = [], 1
+    for x in leaves:
+        out.append(jnp.cos(jnp.arange(start, start + x.size, dtype=jnp.float32)).reshape(x.shape).astype(x.dtype))
+        start += x.size
+    return treedef.unflatten(out)
 
 
 @pytest.mark.parametrize("name", sorted(OPTAX_CASES))
@@ -361,6 +382,65 @@ def test_projections_are_the_closest_point_of_the_set(name):
                 q = SAMPLES[name](x.size, scale)
                 assert np.dot(x - p, q - p) <= 1e-5 * max(1.0, np.abs(x).max()) * np.abs(q - p).sum()
                 assert np.linalg.norm(x - p) <= np.linalg.norm(x - q) + 1e-6
+
+
+def _sphere64(v, z, norm):
+    return v * z / norm(v)
+
+
+def _l1_sphere64(v, z):
+    """sign(x)·(the simplex projection of |x|), the threshold by bisection (negative inside the ball)."""
+    return np.sign(v) * np.maximum(np.abs(v) - _threshold64(np.abs(v), z), 0)
+
+
+#: The sets a vector a defines and the spheres, in float64, with what makes a point the projection there.
+VECTOR_SETS = {
+    "hyperplane": (lambda t, s: P.projection_hyperplane(t, _normal(t), s),
+                   lambda v, a, s: v - (a @ v - s) / (a @ a) * a,
+                   lambda x, p, a, s: abs(a @ p - s) <= 1e-5 * max(1.0, abs(s)) * np.linalg.norm(a)),
+    "halfspace": (lambda t, s: P.projection_halfspace(t, _normal(t), s),
+                  lambda v, a, s: v - max(a @ v - s, 0) / (a @ a) * a,
+                  lambda x, p, a, s: a @ p <= s + 1e-5 * max(1.0, abs(s)) * np.linalg.norm(a)),
+    "vector": (lambda t, s: P.projection_vector(t, _normal(t)), lambda v, a, s: (v @ a) / (a @ a) * a,
+               lambda x, p, a, s: abs((x - p) @ a) <= 1e-5 * np.linalg.norm(x) * np.linalg.norm(a)),
+    "l2_sphere": (lambda t, s: P.projection_l2_sphere(t, s), lambda v, a, s: v * s / np.linalg.norm(v),
+                  lambda x, p, a, s: abs(np.linalg.norm(p) - s) <= 1e-5 * s),
+    "l1_sphere": (lambda t, s: P.projection_l1_sphere(t, s), lambda v, a, s: _l1_sphere64(v, s),
+                  lambda x, p, a, s: abs(np.sum(np.abs(p)) - s) <= 1e-5 * max(1.0, s)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR_SETS))
+def test_spheres_and_the_sets_of_a_vector_in_float64(name):
+    """The rule in float64 agrees, the result is in the set, and (with x - p along a, or x on the ray of p for the
+    L2 sphere) it is the closest point; under jax.jit with a traced offset or radius too."""
+    ours, reference, member = VECTOR_SETS[name]
+    for i, tree in enumerate(_trees()):
+        a = _vector(_normal(tree))
+        for scale in (0.5, 1.0, 4.0):
+            got = ours(tree, scale)
+            expected = _apply_vector(tree, lambda v, s=scale: reference(v, a, s))
+            assert_trees_close(got, expected, msg=f"{name} {i} {scale}")
+            assert member(_vector(tree), _vector(got), a, scale), (name, i, scale)
+            assert_trees_close(jax.jit(ours)(tree, jnp.float32(scale)), got, rtol=1e-6, atol=1e-6)
+            assert [x.dtype for x in jax.tree.leaves(got)] == [x.dtype for x in jax.tree.leaves(tree)]
+        assert_trees_close(ours(ours(tree, 1.0), 1.0), ours(tree, 1.0), rtol=1e-5, atol=1e-6)  # idempotent
+
+
+def test_the_sets_of_a_zero_vector_and_the_centre_of_a_sphere():
+    x, zero = {"w": jnp.array([1.0, -2.0])}, {"w": jnp.zeros(2)}
+    assert_trees_equal(P.projection_vector(x, zero), zero)  # the line of 0 is the point 0
+    assert_trees_equal(P.projection_hyperplane(x, zero, 0.0), x)  # {p : 0 = 0}: all of space
+    assert_trees_equal(P.projection_halfspace(x, zero, 1.0), x)
+    for project in (P.projection_hyperplane, P.projection_halfspace):
+        with pytest.raises(ValueError, match=f"{project.__name__}: a is zero and b is -1.0, so the set is empty"):
+            project(x, zero, -1.0)
+    # every point of the sphere is closest to 0: the one with equal coordinates, on the sphere
+    np.testing.assert_allclose(P.projection_l2_sphere({"a": jnp.zeros(3), "b": jnp.zeros(1)}, 2.0)["a"], [1.0] * 3)
+    with pytest.raises(ValueError, match="projection_vector: a.* has shape"):
+        P.projection_vector(x, {"w": jnp.zeros(3)})
+    with pytest.raises(ValueError, match="projection_halfspace: a does not match x"):
+        P.projection_halfspace(x, {"v": jnp.zeros(2)}, 1.0)
 
 
 @pytest.mark.parametrize("name", sorted(CLOSED_FORMS))

@@ -21,14 +21,14 @@ from functools import cache
 
 #: The documented modules, in the order a bare name is looked up (no two of them share a public name).
 MODULES = ["updax.updates", "updax.optimizers", "updax.schedules", "updax.domains", "updax.projections",
-           "updax.sharding", "updax.interop"]
+           "updax.microbatching", "updax.sharding", "updax.interop"]
 
 _FAMILIES = re.compile(r"^<!-- families: ([\w.]+) from ([\w./-]+) -->$", re.M)
 _FENCE = re.compile(r"^(\s*)(```|~~~).*?^\1\2[ \t]*$", re.M | re.S)
 #: Inline code not already inside a link's text: ``[`x`](...)`` / ``[`x`][...]`` are left alone.
 _CODE = re.compile(r"(?<!\[)`([^`\n]+)`(?!\])")
 _NAME_IN_CODE = re.compile(r"^(?:(?:ux|updax)\.)?"
-                           r"(?:(updates|optimizers|schedules|domains|projections|sharding|interop)\.)?"
+                           r"(?:(updates|optimizers|schedules|domains|projections|microbatching|sharding|interop)\.)?"
                            r"([A-Za-z_]\w*)(\(.*\))?$")
 
 

@@ -14,7 +14,7 @@ The ready-made optimizers are such pipelines, with a positive learning rate:
 True
 """
 
-from updax import domains, optimizers, projections, schedules, sharding, updates
+from updax import domains, microbatching, optimizers, projections, schedules, sharding, updates
 from updax._stage import EmptyState, ScheduledState, Stage
 from updax._held import checked, hyperparams_in_state
 from updax._update import Update
@@ -26,7 +26,7 @@ from updax._backend._switch import backend_hints
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "backend_hints", "checked", "domains", "from_optax", "hyperparams_in_state", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
+__all__ = ["EmptyState", "ScheduledState", "Stage", "Update", "backend_hints", "checked", "domains", "from_optax", "hyperparams_in_state", "microbatching", "optimizers", "projections", "schedules", "sharding", "to_optax", "updates", *_catalogue]
 
 
 def __getattr__(name: str):

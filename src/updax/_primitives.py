@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from updax import _tree
+from updax import _rounding, _tree
 from updax._combinators import combinator
 from updax._domains import Domain, Relation
 from updax._stage import Stage
@@ -212,29 +212,86 @@ def compose(*updates: Update) -> Update:
     return Update(stages)
 
 
-def apply_updates(params: Any, updates: Any) -> Any:
-    """``params + updates``, leaf by leaf, keeping each param's dtype.
+def apply_updates(params: Any, updates: Any, *, rounding: str = "nearest", key: Any = None) -> Any:
+    r"""``params + updates``, leaf by leaf, keeping each param's dtype.
 
     The sum is computed in the wider of the two dtypes, then cast back. Each
     update must have its param's shape exactly (nothing is broadcast), params
     must be floating or complex, and a real param takes only real updates;
     otherwise the error names the leaf.
 
+    With ``rounding="stochastic"``, each bfloat16 or float16 param's sum is
+    taken in float32 and rounded at random to one of its two neighbours in
+    the param's format, the upper one with probability
+    $\frac{x - \lfloor x \rfloor}{\lceil x \rceil - \lfloor x \rfloor}$
+    (Zamirai et al. 2020), so that
+
+    $$ \mathbb{E}[\operatorname{round}(p + u)] = p + u $$
+
+    and an update below half a step of the format (a bfloat16 param of 1
+    has steps of $2^{-7}$) still moves the param in expectation, where
+    rounding to nearest drops it on every step. A representable sum is
+    exact; infinity and NaN pass through; a sum past the format's largest
+    finite value may round to infinity, as to nearest. Leaves of float32
+    and wider are summed as with ``"nearest"``; other formats narrower than
+    float32 (float8) are refused by leaf. The random bits are a hash of
+    ``key``, the leaf's position among the params' leaves and the element's
+    index, computed inside the sum's kernel (no buffer of random bits), so
+    leaves and elements draw apart. A step needs new bits: pass a new key on
+    every step, or the step count the optimizer state already holds, and a
+    jitted step takes no new argument::
+
+        count = opt.get_state(state, "scale_by_adam.count")
+        params = ux.apply_updates(params, updates, rounding="stochastic", key=count)
+
     Args:
         params: the parameters, any pytree of arrays. No default.
         updates: the updates, a pytree of the same structure. No default.
+        rounding: how a sum is rounded to its param's dtype: ``"nearest"``
+            (round to nearest even, as a cast does) or ``"stochastic"``.
+            Default: ``"nearest"``.
+        key: the random bits of ``"stochastic"``, which needs one (and
+            ``"nearest"`` refuses one): a PRNG key (``jax.random.key``, or a
+            raw ``jax.random.PRNGKey``), or an integer scalar such as a step
+            count ``n``, which draws the bits of ``jax.random.PRNGKey(n)``.
+            A key reused on every step rounds every step alike, which is
+            biased over the steps. Default: ``None``.
 
     Returns:
         The new parameters, each leaf in its param's dtype and with its
         param's sharding (an update sharded otherwise is resharded).
 
     Example:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> import updax as ux
         >>> ux.apply_updates({"w": jnp.ones(2, jnp.bfloat16)}, {"w": jnp.full(2, 0.5)})
         {'w': Array([1.5, 1.5], dtype=bfloat16)}
+        >>> params = {"w": jnp.ones(10_000, jnp.bfloat16)}
+        >>> small = {"w": jnp.full(10_000, 2.0**-10)}  # an eighth of a step: to nearest, nothing moves
+        >>> ux.apply_updates(params, small)["w"].astype(jnp.float32).mean()
+        Array(1., dtype=float32)
+        >>> moved = ux.apply_updates(params, small, rounding="stochastic", key=jax.random.key(0))
+        >>> jnp.unique(moved["w"])  # about one in eight rounds up, one step of 2**-7
+        Array([1, 1.00781], dtype=bfloat16)
+        >>> round(float(moved["w"].astype(jnp.float32).mean() - 1) * 2**10, 2)  # in eighths of a step: 1 +- 0.03
+        1.01
+
+    References:
+        P. Zamirai, J. Zhang, C. R. Aberger and C. De Sa, "Revisiting
+        BFloat16 Training", 2020. https://arxiv.org/abs/2010.06192
+
+        S. Gupta, A. Agrawal, K. Gopalakrishnan and P. Narayanan, "Deep
+        Learning with Limited Numerical Precision", ICML 2015.
+        https://arxiv.org/abs/1502.02551
     """
-    def add(where, p, u):
+    if not isinstance(rounding, str) or rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"apply_updates(rounding={rounding!r}): rounding must be 'nearest' or 'stochastic'")
+    if rounding == "nearest" and key is not None:
+        raise ValueError("apply_updates(rounding='nearest'): a key was given, which only rounding='stochastic' "
+                         "reads; pass rounding='stochastic' to round at random")
+    words = _key_words(key) if rounding == "stochastic" else None
+
+    def checked(where, p, u):
         p, u = jnp.asarray(p), jnp.asarray(u)
         leaf = f"params{jax.tree_util.keystr(where)}"
         if p.shape != u.shape:
@@ -246,7 +303,41 @@ def apply_updates(params: Any, updates: Any) -> Any:
         if jnp.issubdtype(u.dtype, jnp.complexfloating) and not jnp.issubdtype(p.dtype, jnp.complexfloating):
             raise TypeError(f"apply_updates: {leaf} is real ({p.dtype}) but its update is complex ({u.dtype}); "
                             "the imaginary part would be dropped")
-        return _tree.added(p, u)
+        if words is not None and p.dtype.itemsize < 4 and p.dtype not in _rounding.ROUNDED:
+            raise TypeError(f"apply_updates(rounding='stochastic'): {leaf} has dtype {p.dtype}; stochastic "
+                            "rounding handles bfloat16 and float16 params (and sums float32 and wider ones as "
+                            "they are)")
+        return p, u
 
     _tree.check_same_structure("apply_updates", params, updates, "params", "updates")
-    return jax.tree_util.tree_map_with_path(add, params, updates)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    pairs = [checked(where, p, u) for (where, p), u in zip(leaves, treedef.flatten_up_to(updates))]
+    rounded = [i for i, (p, _) in enumerate(pairs) if words is not None and p.dtype in _rounding.ROUNDED]
+    seeds = dict(zip(rounded, _rounding.leaf_seeds(words, rounded, params))) if rounded else {}
+    return treedef.unflatten([
+        _tree.place_like(_rounding.stochastic_sum(p, u, *seeds[i]), p) if i in seeds else _tree.added(p, u)
+        for i, (p, u) in enumerate(pairs)])
+
+
+def _key_words(key: Any) -> jax.Array:
+    """``apply_updates``' key as its data, uint32 words: a typed key's, a raw key as it is, an integer ``n`` as
+    ``jax.random.PRNGKey(n)``'s ``(0, n)``; anything else is refused."""
+    if key is None:
+        raise ValueError("apply_updates(rounding='stochastic'): needs a key, new on every step: a PRNG key "
+                         "(jax.random.key) or an integer step count (opt.get_state(state, 'scale_by_adam.count'))")
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.shape != ():
+            raise ValueError(f"apply_updates(rounding='stochastic'): key must be one PRNG key, got keys of shape "
+                             f"{key.shape}")
+        return jax.random.key_data(key)
+    try:
+        array = jnp.asarray(key)
+    except TypeError:
+        array = None
+    if array is not None and array.dtype == jnp.uint32 and array.ndim == 1 and array.size:
+        return array  # (a raw jax.random.PRNGKey's words)
+    if array is not None and array.shape == () and jnp.issubdtype(array.dtype, jnp.integer):
+        return jnp.stack([jnp.uint32(0), array.astype(jnp.uint32)])
+    raise TypeError(f"apply_updates(rounding='stochastic'): key must be a PRNG key (jax.random.key) or an integer "
+                    f"scalar (a step count), got {type(key).__name__}"
+                    + (f" of dtype {array.dtype} and shape {array.shape}" if array is not None else ""))

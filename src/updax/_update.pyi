@@ -107,6 +107,9 @@ class Update:
         key: int | jax.Array = 0,
     ) -> Update:
         """Adds annealed Gaussian noise to the updates. See :func:`updax.add_noise`."""
+    def apply_every(self, k: int = 1) -> Update:
+        """Sums the updates and emits the sum every ``k``-th call, zeros in between. See
+        :func:`updax.apply_every`."""
     def apply_if_finite(self, max_consecutive_errors: int = 5) -> Update:
         """Drops steps whose updates are not finite, leaving the pipeline before it untouched. See
         :func:`updax.apply_if_finite`."""
@@ -124,6 +127,16 @@ class Update:
     def clip_by_global_norm(self, max_norm: ScalarOrSchedule = 1.0) -> Update:
         """Rescales the updates so that their global L2 norm is at most ``max_norm``. See
         :func:`updax.clip_by_global_norm`."""
+    def conditionally_mask(self, should_transform_fn: Callable[..., Any], forward_extra_args: bool = False) -> Update:
+        """Runs the pipeline before it on the calls ``should_transform_fn`` picks; the others emit zeros. See
+        :func:`updax.conditionally_mask`."""
+    def conditionally_transform(
+        self,
+        should_transform_fn: Callable[..., Any],
+        forward_extra_args: bool = False,
+    ) -> Update:
+        """Runs the pipeline before it on the calls ``should_transform_fn`` picks; the others pass through. See
+        :func:`updax.conditionally_transform`."""
     def differentially_private_aggregate(
         self,
         l2_norm_clip: ScalarOrSchedule = 1.0,
@@ -185,11 +198,20 @@ class Update:
     ) -> Update:
         """Learns the scale of the steps of the pipeline before it (Mechanic), from the params' origin. See
         :func:`updax.mechanize`."""
+    def monitor(self, measures: dict[str, Any], *, with_params: bool = False) -> Update:
+        """Records named measurements of the updates at this point of the pipeline, which it passes unchanged.
+        See :func:`updax.monitor`."""
+    def normalize_by_update_norm(self, scale_factor: ScalarOrSchedule = 1.0, eps: ScalarOrSchedule = 1e-06) -> Update:
+        """Divides the updates by their global L2 norm (normalised gradient descent). See
+        :func:`updax.normalize_by_update_norm`."""
     def partition(self, transforms: dict[str, Update], labels: PyTree | Callable[[PyTree], PyTree]) -> Update:
         """Runs a different pipeline on each group of leaves. See :func:`updax.partition`."""
     def per_example_global_norm_clip(self, l2_norm_clip: ScalarOrSchedule = 1.0) -> Update:
         """Clips each example's gradient to a global L2 norm of ``l2_norm_clip``, then sums over the examples.
         See :func:`updax.per_example_global_norm_clip`."""
+    def per_example_layer_norm_clip(self, l2_norm_clip: ScalarOrSchedule = 1.0, uniform: bool = True) -> Update:
+        """Clips each example's gradient leaf by leaf, each to its share of ``l2_norm_clip``, then sums. See
+        :func:`updax.per_example_layer_norm_clip`."""
     def reduce_on_plateau(
         self,
         factor: ScalarOrSchedule = 0.1,
@@ -496,6 +518,9 @@ class Update:
     ) -> Update:
         """Optimistic gradients: the update extrapolates from the previous one, ``(α + β)·g - β·g_prev``. See
         :func:`updax.scale_by_optimistic_gradient`."""
+    def scale_by_param_block_norm(self, min_scale: ScalarOrSchedule = 0.001) -> Update:
+        """Scales each leaf's update by the L2 norm of its parameters. See
+        :func:`updax.scale_by_param_block_norm`."""
     def scale_by_param_block_rms(self, min_scale: ScalarOrSchedule = 0.001) -> Update:
         """Scales each leaf's update by the root mean square of its parameters (Adafactor's relative step). See
         :func:`updax.scale_by_param_block_rms`."""
@@ -524,6 +549,20 @@ class Update:
     ) -> Update:
         """Scales updates by Prodigy's AdamW step, with the distance to the solution estimated on the fly. See
         :func:`updax.scale_by_prodigy`."""
+    def scale_by_psgd_kron(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        precond_lr: ScalarOrSchedule = 0.1,
+        precond_update_prob: ScalarOrSchedule = 1.0,
+        max_size_triangular: int = 8192,
+        preconditioner_init_scale: float | None = None,
+        momentum_into_precond_update: bool = True,
+        key: int | jax.Array = 0,
+        *,
+        mu_dtype: DType | None = None,
+    ) -> Update:
+        """Scales updates by PSGD Kron: the momentum whitened by Kronecker factors fitted on a Lie group. See
+        :func:`updax.scale_by_psgd_kron`."""
     def scale_by_radam(
         self,
         b1: ScalarOrSchedule = 0.9,
@@ -579,6 +618,8 @@ class Update:
         start_preconditioning_step: int = 1,
         max_preconditioner_dim: int = 1024,
         graft: str = 'adam',
+        block_size: int | None = None,
+        root_method: str = 'eigh',
     ) -> Update:
         """Scales updates by Shampoo: Kronecker-factored inverse roots, the step size a diagonal method's. See
         :func:`updax.scale_by_shampoo`."""
@@ -706,11 +747,17 @@ class Update:
     ) -> Update:
         """Replaces the momentum of the pipeline before it by schedule-free interpolation and averaging. See
         :func:`updax.schedule_free`."""
+    def selective_transform(self, freeze_mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
+        """Runs the pipeline before it on the trained leaves only and zeroes the updates of the frozen ones. See
+        :func:`updax.selective_transform`."""
     def sma(self, window: int, *, accumulator_dtype: DType = None) -> Update:
         """Simple moving average: the mean of the last ``window`` values. See :func:`updax.sma`."""
     def snapshot(self, name: str = 'snapshot', measure: Callable[[PyTree], PyTree] | None = None) -> Update:
         """Keeps a copy of the updates at this point of the pipeline in its state; the updates pass unchanged.
         See :func:`updax.snapshot`."""
+    def split_real_and_imaginary(self) -> Update:
+        """Runs the pipeline before it on the real and imaginary parts of complex leaves, as real leaves. See
+        :func:`updax.split_real_and_imaginary`."""
     def stateful(
         self,
         init_fn: Callable[..., Any],

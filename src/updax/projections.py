@@ -22,6 +22,7 @@ traced values, and are checked only when they are concrete.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -34,12 +35,17 @@ from updax._typing import ArrayLike, PyTree
 
 __all__ = [
     "projection_box",
+    "projection_halfspace",
     "projection_hypercube",
+    "projection_hyperplane",
     "projection_l1_ball",
+    "projection_l1_sphere",
     "projection_l2_ball",
+    "projection_l2_sphere",
     "projection_linf_ball",
     "projection_non_negative",
     "projection_simplex",
+    "projection_vector",
 ]
 
 
@@ -383,3 +389,227 @@ def projection_linf_ball(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
     call = "projection_linf_ball"
     scale = _scale(call, scale, positive=False)
     return _box(call, tree, ("-scale", -scale), ("scale", scale))
+
+
+# --------------------------------------------------------------------------
+# Spheres, and the sets a vector defines
+
+
+def _paired(call: str, x: Any, a: Any) -> tuple[list[jax.Array], list[jax.Array], Any, Any]:
+    """The leaves of ``x`` and ``a`` (same structure and shapes), their structure, and the dtype both are computed
+    in."""
+    leaves, paths, treedef = _flatten(call, x)
+    _tree.check_same_structure(call, x, a, "x", "a")
+    directions, _, _ = _flatten(call, a)
+    for path, p, q in zip(paths, leaves, directions):
+        if p.shape != q.shape:
+            raise ValueError(f"{call}: a{path} has shape {q.shape}, x{path} {p.shape}; a must be shaped like x")
+    return leaves, directions, treedef, _common(leaves + directions)
+
+
+def _dot(xs: list[jax.Array], ys: list[jax.Array], c: Any) -> jax.Array:
+    return sum((jnp.sum(x.astype(c) * y.astype(c)) for x, y in zip(xs, ys)), jnp.zeros([], c))
+
+
+def _offset(call: str, b: Any) -> Any:
+    return check.number(call, "b", b)
+
+
+def _along(leaves: list[jax.Array], directions: list[jax.Array], step: jax.Array, c: Any) -> list[jax.Array]:
+    """``x - step·a``, leaf by leaf, in each leaf of ``x``'s dtype."""
+    return [(x.astype(c) - step * a.astype(c)).astype(x.dtype) for x, a in zip(leaves, directions)]
+
+
+def projection_hyperplane(x: PyTree, a: PyTree, b: ArrayLike) -> PyTree:
+    r"""Projects onto the hyperplane $\{p : \langle a, p \rangle = b\}$, all leaves together.
+
+    Rule: $p = x - \dfrac{\langle a, x \rangle - b}{\langle a, a \rangle}\, a$.
+
+    With $a = 0$ the set is all of space when $b = 0$ ($p = x$) and empty
+    otherwise: refused when ``a`` and ``b`` are concrete, NaN under
+    ``jax.jit``.
+
+    Args:
+        x: the point to project, a pytree of floating arrays. No default.
+        a: the normal, a pytree shaped like ``x``. No default.
+        b: the offset, a real scalar. No default.
+
+    Returns:
+        The projection, shaped like ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_hyperplane({"w": jnp.array([3.0, 1.0])}, {"w": jnp.array([1.0, 1.0])}, 2.0)
+        {'w': Array([2., 0.], dtype=float32)}
+
+    References:
+        Boyd & Vandenberghe, "Convex Optimization", 2004, section 8.1.1;
+        optax.projections.projection_hyperplane.
+    """
+    call = "projection_hyperplane"
+    b = _offset(call, b)
+    leaves, directions, treedef, c = _paired(call, x, a)
+    norm_sq = _dot(directions, directions, c)
+    excess = _dot(directions, leaves, c) - jnp.asarray(b).astype(c)
+    _whole_space(call, norm_sq, b, lambda b: b == 0)
+    step = jnp.where(norm_sq > 0, excess / jnp.where(norm_sq > 0, norm_sq, 1), jnp.where(excess == 0, 0.0, jnp.nan))
+    return treedef.unflatten(_along(leaves, directions, step.astype(c), c))
+
+
+def _whole_space(call: str, norm_sq: jax.Array, b: Any, feasible: Callable[[float], bool]) -> None:
+    """With ``a = 0`` the set is all of space or empty, by ``b``: refused where it is empty and both are known."""
+    if _is_concrete(norm_sq) and _is_concrete(b) and float(norm_sq) == 0 and not feasible(float(b)):
+        raise ValueError(f"{call}: a is zero and b is {float(b)!r}, so the set is empty")
+
+
+def projection_halfspace(x: PyTree, a: PyTree, b: ArrayLike) -> PyTree:
+    r"""Projects onto the half-space $\{p : \langle a, p \rangle \le b\}$, all leaves together.
+
+    Rule: $p = x - \dfrac{\max(\langle a, x \rangle - b, 0)}{\langle a, a \rangle}\, a$;
+    a point of the half-space is returned as it is.
+
+    With $a = 0$ the set is all of space when $b \ge 0$ ($p = x$) and empty
+    otherwise: refused when ``a`` and ``b`` are concrete, NaN under
+    ``jax.jit``.
+
+    Args:
+        x: the point to project, a pytree of floating arrays. No default.
+        a: the normal, a pytree shaped like ``x``. No default.
+        b: the offset, a real scalar. No default.
+
+    Returns:
+        The projection, shaped like ``x``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> a = {"w": jnp.array([1.0, 1.0])}
+        >>> ux.projections.projection_halfspace({"w": jnp.array([3.0, 1.0])}, a, 2.0)
+        {'w': Array([2., 0.], dtype=float32)}
+        >>> ux.projections.projection_halfspace({"w": jnp.array([0.5, 1.0])}, a, 2.0)  # inside
+        {'w': Array([0.5, 1. ], dtype=float32)}
+
+    References:
+        Boyd & Vandenberghe, "Convex Optimization", 2004, section 8.1.1;
+        optax.projections.projection_halfspace.
+    """
+    call = "projection_halfspace"
+    b = _offset(call, b)
+    leaves, directions, treedef, c = _paired(call, x, a)
+    norm_sq = _dot(directions, directions, c)
+    excess = jnp.maximum(_dot(directions, leaves, c) - jnp.asarray(b).astype(c), 0)
+    _whole_space(call, norm_sq, b, lambda b: b >= 0)
+    step = jnp.where(norm_sq > 0, excess / jnp.where(norm_sq > 0, norm_sq, 1), jnp.where(excess == 0, 0.0, jnp.nan))
+    return treedef.unflatten(_along(leaves, directions, step.astype(c), c))
+
+
+def projection_vector(x: PyTree, a: PyTree) -> PyTree:
+    r"""Projects onto the line spanned by $a$, all leaves together.
+
+    Rule: $p = \dfrac{\langle x, a \rangle}{\langle a, a \rangle}\, a$; with
+    $a = 0$ the line is the point 0, and $p = 0$.
+
+    Args:
+        x: the point to project, a pytree of floating arrays. No default.
+        a: the direction, a pytree shaped like ``x``. No default.
+
+    Returns:
+        The projection, shaped like ``x`` (in its dtypes).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_vector({"w": jnp.array([3.0, 1.0])}, {"w": jnp.array([1.0, 1.0])})
+        {'w': Array([2., 2.], dtype=float32)}
+
+    References:
+        optax.projections.projection_vector.
+    """
+    call = "projection_vector"
+    leaves, directions, treedef, c = _paired(call, x, a)
+    norm_sq = _dot(directions, directions, c)
+    ratio = jnp.where(norm_sq > 0, _dot(leaves, directions, c) / jnp.where(norm_sq > 0, norm_sq, 1), 0)
+    return treedef.unflatten([(ratio * d.astype(c)).astype(x.dtype) for x, d in zip(leaves, directions)])
+
+
+def projection_l2_sphere(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    r"""Projects onto the L2 sphere $\{\lVert p \rVert_2 = \text{scale}\}$, all leaves together.
+
+    Rule: $p = x \cdot \text{scale} / \lVert x \rVert_2$. Every point of the
+    sphere is closest to $x = 0$; there it returns the one with all
+    coordinates equal, $\text{scale} / \sqrt{n}$ ($n$ elements), where
+    optax returns NaN.
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the radius, >= 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_l2_sphere({"a": jnp.array([0.3]), "b": jnp.array([0.4])}, scale=1.0)
+        {'a': Array([0.6], dtype=float32), 'b': Array([0.8], dtype=float32)}
+
+    References:
+        optax.projections.projection_l2_sphere.
+    """
+    call = "projection_l2_sphere"
+    scale = _scale(call, scale, positive=False)
+    leaves, _, treedef = _flatten(call, tree)
+    n = sum(x.size for x in leaves)
+    if n == 0:
+        return treedef.unflatten(leaves)
+    c = _common(leaves)
+    norm = jnp.sqrt(_dot(leaves, leaves, c))
+    radius = jnp.asarray(scale).astype(c)
+    factor = radius / jnp.where(norm > 0, norm, 1)
+    centre = radius / jnp.sqrt(jnp.asarray(n, c))
+
+    def project(x):
+        return jnp.where(norm > 0, factor * x.astype(c), centre).astype(x.dtype)
+
+    return treedef.unflatten([project(x) for x in leaves])
+
+
+def projection_l1_sphere(tree: PyTree, scale: ArrayLike = 1.0) -> PyTree:
+    r"""Projects onto the L1 sphere $\{\lVert p \rVert_1 = \text{scale}\}$, all leaves together.
+
+    Rule: $p = \operatorname{sign}(x) \max(\lvert x \rvert - \theta, 0)$, with
+    $\theta$ the simplex threshold of $\lvert x \rvert$ (see
+    :func:`projection_simplex`): the projection of $\lvert x \rvert$ onto the
+    simplex of sum ``scale``, given back $x$'s signs. Inside the ball
+    $\theta < 0$ and the point moves outwards. An element at 0 has no sign
+    and stays 0 (at $x = 0$ the result is 0, off the sphere, as in optax).
+
+    Args:
+        tree: the point to project, a pytree of floating arrays. No default.
+        scale: the radius, > 0. Default: ``1.0``.
+
+    Returns:
+        The projection, shaped like ``tree``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> ux.projections.projection_l1_sphere({"w": jnp.array([0.1, -0.2])})  # |p| sums to 1
+        {'w': Array([ 0.45, -0.55], dtype=float32)}
+
+    References:
+        Duchi, Shalev-Shwartz, Singer & Chandra, "Efficient projections onto
+        the l1-ball for learning in high dimensions", ICML 2008, Figure 1.
+        https://doi.org/10.1145/1390156.1390191; optax.projections.projection_l1_sphere.
+    """
+    call = "projection_l1_sphere"
+    scale = _scale(call, scale, positive=True)
+    leaves, _, treedef = _flatten(call, tree)
+    if sum(x.size for x in leaves) == 0:
+        return treedef.unflatten(leaves)
+    c = _common(leaves)
+    magnitudes = jnp.concatenate([jnp.abs(x.astype(c)).ravel() for x in leaves])
+    theta = _simplex_threshold(magnitudes, jnp.asarray(scale).astype(c))
+    return treedef.unflatten([(jnp.sign(x.astype(c)) * jnp.maximum(jnp.abs(x.astype(c)) - theta, 0)).astype(x.dtype)
+                              for x in leaves])

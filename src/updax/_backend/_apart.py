@@ -23,6 +23,10 @@ false.
 - :func:`traced_pure`: a step added to the trace once more, only when it
   has no effects (``accumulate_gradients`` computes an elementwise step on
   every call).
+- :func:`one_kernel_outputs`: stochastic rounding's per-leaf seeds, the
+  outputs of one kernel rather than computed again in each leaf's
+  (``tests/test_stochastic_rounding.py`` counts the kernels and checks the
+  bits against the generic path).
 
 What each saves: ``python benchmarks/in_place.py`` (results in
 ``benchmarks/results/in_place*.md``, summed up in docs/performance-xla.md, "The
@@ -42,7 +46,7 @@ from jax.extend.core import Literal
 
 from updax._backend import _switch
 
-__all__ = ["computed_once", "stored_step", "traced_apart", "traced_pure"]
+__all__ = ["computed_once", "one_kernel_outputs", "stored_step", "traced_apart", "traced_pure"]
 
 
 def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
@@ -60,6 +64,26 @@ def computed_once(values: Sequence[jax.Array]) -> list[jax.Array]:
         return values
     ones: dict = {}
     return [_over_one(x, ones) for x in values]
+
+
+def one_kernel_outputs(values: Sequence[jax.Array], step: Any) -> list[jax.Array]:
+    """``values``, unsigned integer scalars of a step that reads ``step``, as the outputs of one kernel that
+    XLA neither folds nor duplicates into their readers: each reader reads its value from a buffer.
+
+    For numbers that differ from leaf to leaf, such as stochastic rounding's seeds
+    (:func:`updax._rounding.leaf_seeds`). Left to XLA, each leaf's kernel
+    computes its seeds again (a chain of integer mixes per leaf) or slices them from a vector in a small kernel
+    of its own, and XLA:CPU compiles every kernel apart (docs/memory.md, "What it costs"). Each value is divided by a
+    barrier'd 1 (so that no constant is folded through) and paired with a 0, and one variadic reduction by
+    ``xor`` gives each back as one of its outputs.
+    """
+    values = list(values)
+    if not values or not _switch.hinted(step):
+        return values
+    one = jax.lax.optimization_barrier(jnp.ones((), values[0].dtype))
+    zero = jnp.zeros((), values[0].dtype)
+    pairs = [jnp.stack([jax.lax.div(v, one), zero]) for v in values]
+    return list(jax.lax.reduce(pairs, [zero] * len(pairs), lambda xs, ys: [x ^ y for x, y in zip(xs, ys)], (0,)))
 
 
 def _over_one(x: jax.Array, ones: dict) -> jax.Array:

@@ -30,6 +30,7 @@ from updax.optimizers._mars import mars_adamw, mars_lion
 from updax.optimizers._optimistic import optimistic_adam, optimistic_adam_v2, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon, normuon
 from updax.optimizers._privacy import dpsgd
+from updax.optimizers._psgd import psgd_kron
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._shampoo import shampoo
 from updax.optimizers._sgd import noisy_sgd, schedule_free_sgd, sgd
@@ -52,6 +53,7 @@ __all__ = [
     "dpsgd",
     "rprop", "schedule_free_adamw", "sign_sgd", "signum", "sm3",
     "shampoo",
+    "psgd_kron",
     "sophia",
     "madgrad",
     "laprop", "acprop",

@@ -14,7 +14,8 @@ from updax.updates import scale_by_shampoo
 def shampoo(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
             eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 0.0, *, matrix_eps: ScalarOrSchedule = 1e-6,
             precondition_frequency: int = 10, start_preconditioning_step: int = 1, max_preconditioner_dim: int = 1024,
-            graft: str = "adam", mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+            graft: str = "adam", block_size: int | None = None, root_method: str = "eigh",
+            mask: PyTree | Callable[[PyTree], PyTree] | None = None,
             cautious_decay: bool = False, maximize: bool = False) -> Update:
     """Shampoo: a Kronecker factor per axis, its inverse root refreshed every few steps, grafted.
 
@@ -34,6 +35,9 @@ def shampoo(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, 
             Default: ``1``.
         max_preconditioner_dim: the largest axis that gets a statistic. Default: ``1024``.
         graft: the step size's method, ``"adagrad"``, ``"rmsprop"``, ``"adam"`` or ``"sgd"``. Default: ``'adam'``.
+        block_size: None, or the longest block along an axis: a leaf with a longer axis is cut into blocks, each
+            preconditioned and grafted on its own. Default: ``None``.
+        root_method: ``"eigh"`` or ``"newton"`` (the coupled Newton iteration). Default: ``'eigh'``.
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
@@ -61,7 +65,8 @@ def shampoo(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, 
     """
     pipeline = (scale_by_shampoo(b2=b2, eps=eps, matrix_eps=matrix_eps, precondition_frequency=precondition_frequency,
                                  start_preconditioning_step=start_preconditioning_step,
-                                 max_preconditioner_dim=max_preconditioner_dim, graft=graft)
+                                 max_preconditioner_dim=max_preconditioner_dim, graft=graft, block_size=block_size,
+                                 root_method=root_method)
                 .ema(b1, debias=True)
                 .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))

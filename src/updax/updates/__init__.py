@@ -8,7 +8,7 @@ of every update object (``parent.scale(0.1)``).
 
 from updax._combinators import combinator
 from updax._primitives import apply_updates, compose, identity, stateful, stateless
-from updax.updates._accumulation import accumulate_gradients, has_updated, trace
+from updax.updates._accumulation import accumulate_gradients, apply_every, has_updated, trace
 from updax.updates._adam import (
     scale_by_adam,
     scale_by_adamax,
@@ -33,9 +33,24 @@ from updax.updates._averaging import (
     schedule_free_eval_params,
     swa,
 )
-from updax.updates._clipping import adaptive_grad_clip, centralize, clip, clip_by_global_norm, global_norm
+from updax.updates._clipping import (
+    adaptive_grad_clip,
+    centralize,
+    clip,
+    clip_by_global_norm,
+    global_norm,
+    normalize_by_update_norm,
+    unitwise_clip,
+)
+from updax.updates._conditional import conditionally_mask, conditionally_transform
 from updax.updates._dual_averaging import scale_by_madgrad
-from updax.updates._factored import clip_by_block_rms, scale_by_factored_rms, scale_by_param_block_rms, scale_by_sm3
+from updax.updates._factored import (
+    clip_by_block_rms,
+    scale_by_factored_rms,
+    scale_by_param_block_norm,
+    scale_by_param_block_rms,
+    scale_by_sm3,
+)
 from updax.updates._flat import flat_state, from_flat
 from updax.updates._layerwise import scale_by_novograd, scale_by_trust_ratio
 from updax.updates._lbfgs import scale_by_lbfgs
@@ -45,7 +60,7 @@ from updax.updates._linesearch import (
     value_and_grad_from_state,
 )
 from updax.updates._mars import scale_by_mars
-from updax.updates._masking import freeze, masked, partition
+from updax.updates._masking import freeze, masked, partition, selective_transform
 from updax.updates._lr_free import (
     mechanize,
     scale_by_cocob,
@@ -62,10 +77,13 @@ from updax.updates._privacy import (
     differentially_private_aggregate,
     per_example_clipped_sum,
     per_example_global_norm_clip,
+    per_example_layer_norm_clip,
 )
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_normuon, scale_by_shape
+from updax.updates._psgd import scale_by_psgd_kron
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._shampoo import scale_by_shampoo
+from updax.updates._targets import incremental_update, periodic_update, scale_gradient
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
 from updax.updates._soap import scale_by_soap
 from updax.updates._skipping import apply_if_finite, skip_large_updates, skip_not_finite
@@ -77,8 +95,14 @@ from updax.updates._step_size import (
     scale_by_schedule,
     scale_by_state,
 )
-from updax.updates._utilities import keep_params_nonnegative, snapshot, zero_nans
-from updax.updates._wrappers import cautious, lookahead, sam, scale_by_optimistic_gradient
+from updax.updates._utilities import keep_params_nonnegative, measure_with_ema, monitor, snapshot, zero_nans
+from updax.updates._wrappers import (
+    cautious,
+    lookahead,
+    sam,
+    scale_by_optimistic_gradient,
+    split_real_and_imaginary,
+)
 
 __all__ = [
     "MuonDimensionNumbers",
@@ -86,6 +110,7 @@ __all__ = [
     "adaptive_grad_clip",
     "add_decayed_weights",
     "add_noise",
+    "apply_every",
     "apply_if_finite",
     "apply_updates",
     "averaged_params",
@@ -96,22 +121,30 @@ __all__ = [
     "clip_by_global_norm",
     "combinator",
     "compose",
+    "conditionally_mask",
+    "conditionally_transform",
     "differentially_private_aggregate",
-    "flat_state",
     "ema",
     "ema_params",
+    "flat_state",
     "freeze",
     "from_flat",
     "global_norm",
     "has_updated",
     "identity",
+    "incremental_update",
     "keep_params_nonnegative",
     "lookahead",
     "masked",
+    "measure_with_ema",
     "mechanize",
+    "monitor",
+    "normalize_by_update_norm",
     "partition",
     "per_example_clipped_sum",
     "per_example_global_norm_clip",
+    "per_example_layer_norm_clip",
+    "periodic_update",
     "reduce_on_plateau",
     "sam",
     "scale",
@@ -142,9 +175,11 @@ __all__ = [
     "scale_by_normuon",
     "scale_by_novograd",
     "scale_by_optimistic_gradient",
+    "scale_by_param_block_norm",
     "scale_by_param_block_rms",
     "scale_by_polyak",
     "scale_by_prodigy",
+    "scale_by_psgd_kron",
     "scale_by_radam",
     "scale_by_rms",
     "scale_by_rprop",
@@ -162,16 +197,20 @@ __all__ = [
     "scale_by_trust_ratio",
     "scale_by_yogi",
     "scale_by_zoom_linesearch",
+    "scale_gradient",
     "schedule_free",
     "schedule_free_eval_params",
+    "selective_transform",
     "skip_large_updates",
     "skip_not_finite",
     "sma",
     "snapshot",
+    "split_real_and_imaginary",
     "stateful",
     "stateless",
     "swa",
     "trace",
+    "unitwise_clip",
     "value_and_grad_from_state",
     "weighted_moving_average",
     "zero_nans",

@@ -285,3 +285,67 @@ def has_updated(state: PyTree) -> jax.Array:
         raise ValueError(f"has_updated: the state holds {len(found)} accumulate_gradients states; "
                          "pass the one to read")
     return found[0].updated
+
+
+class ApplyEveryState(NamedTuple):
+    """The calls since the last emitted sum, and the sum of their updates."""
+
+    count: Count
+    grad_acc: Any
+
+
+def _init_apply_every(params):
+    return ApplyEveryState(count=_tree.zero_count(), grad_acc=_tree.accumulators(params, None))
+
+
+def _apply_apply_every(updates, state, params, *, k):
+    emit = state.count >= k - 1
+
+    def rule(g, a):
+        a = a + g
+        return jnp.where(emit, a, jnp.zeros_like(a)), jnp.where(emit, jnp.zeros_like(a), a)
+
+    u, grad_acc = per_leaf("apply_every", rule, (updates, state.grad_acc), ("updates", "state.grad_acc"))
+    count = jnp.where(emit, 0, state.count + 1).astype(state.count.dtype)
+    return u, ApplyEveryState(count=count, grad_acc=grad_acc)
+
+
+@combinator
+def apply_every(k: int = 1) -> Update:
+    r"""Sums the updates and emits the sum every ``k``-th call, zeros in between.
+
+    Update rule, for an update $g$: $a \gets a + g$; on every $k$-th call
+    $u = a$ and $a \gets 0$, otherwise $u = 0$.
+
+    Unlike :func:`accumulate_gradients`, it wraps nothing: the stages before
+    it step on every call, so ``apply_every`` after a batch of $N/k$ is not
+    one step on a batch of $N$ (the stages before it see $k$ gradients). It
+    emits the sum, not the mean.
+
+    Args:
+        k: the calls per emitted sum, an integer >= 1. Default: ``1``.
+
+    Returns:
+        An update object with state ``ApplyEveryState(count, grad_acc)``;
+        ``count`` is the calls since the last emitted sum, ``grad_acc`` their
+        sum (stored in the params' dtype but at least float32).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.apply_every(3)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> for g in [1.0, 2.0, 3.0, 4.0]:
+        ...     u, state = opt.update({"w": jnp.array([g])}, state)
+        ...     print(u["w"])
+        [0.]
+        [0.]
+        [6.]
+        [0.]
+
+    References:
+        optax.apply_every (same rule; optax keeps the emitted sum in its
+        state until the next call, updax zeroes it).
+    """
+    return stateful(_init_apply_every, _apply_apply_every, name="apply_every", elementwise=True,
+                    options=dict(k=k), domains=dict(k=Integer(1)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, Valid, fail
+from updax._domains import ANY_REAL, NON_NEGATIVE, POSITIVE, Valid, fail
 from updax._primitives import stateless
 from updax._typing import PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -263,3 +263,112 @@ def adaptive_grad_clip(clipping: ScalarOrSchedule, eps: ScalarOrSchedule = 1e-3,
                      options=dict(clipping=clipping, eps=eps, axis=axis),
                      domains=dict(clipping=NON_NEGATIVE, eps=NON_NEGATIVE, axis=_AXIS), needs_params=True,
                      static=("axis",), schedulable=("clipping", "eps"))
+
+
+def unitwise_clip(g_norm: jax.typing.ArrayLike, max_norm: jax.typing.ArrayLike, grad: jax.typing.ArrayLike,
+                  div_eps: jax.typing.ArrayLike = 1e-6) -> jax.Array:
+    r"""Clips ``grad`` unit by unit, given each unit's norm: the building block of :func:`adaptive_grad_clip`.
+
+    With $n$ = ``g_norm``, $c$ = ``max_norm`` and $\epsilon$ = ``div_eps``, element by element:
+
+    $$
+    g \gets \begin{cases} g & \text{if } n < c \\ g \, c / \max(n, \epsilon) & \text{otherwise} \end{cases}
+    $$
+
+    ``g_norm`` and ``max_norm`` hold each unit's norm and bound broadcast
+    over the unit (e.g. ``jnp.linalg.norm(g, axis=0, keepdims=True)``);
+    they broadcast to ``grad``'s shape. Arithmetic runs in at least float32;
+    the result has ``grad``'s dtype. A unit at norm 0 with a bound of 0 is
+    zeroed.
+
+    Args:
+        g_norm: the units' norms, >= 0, broadcasting to ``grad``. No default.
+        max_norm: the units' bounds, >= 0, broadcasting to ``grad``.
+            No default.
+        grad: the real or complex array to clip. No default.
+        div_eps: the smallest norm divided by, > 0. Default: ``1e-06``.
+
+    Returns:
+        ``grad`` with each unit above its bound scaled down to it.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> g = jnp.array([[6.0, 0.5], [8.0, 0.0]])  # columns of norm 10 and 0.5
+        >>> norms = jnp.linalg.norm(g, axis=0, keepdims=True)
+        >>> ux.unitwise_clip(norms, 5.0, g)  # the first scaled to norm 5
+        Array([[3. , 0.5],
+               [4. , 0. ]], dtype=float32)
+
+    References:
+        Brock et al., "High-Performance Large-Scale Image Recognition Without
+        Normalization", ICML 2021. https://arxiv.org/abs/2102.06171;
+        optax.transforms.unitwise_clip (same rule and arguments).
+    """
+    call = "unitwise_clip"
+    div_eps = POSITIVE.check(call, "div_eps", div_eps)
+    grad = _tree.as_arrays(call, grad, "grad", floating=True)
+    c = _tree.compute_dtype(grad.dtype)
+    real = jnp.finfo(c).dtype
+    norm, bound = (_unit_values(call, name, value, grad.shape).astype(real)
+                   for name, value in (("g_norm", g_norm), ("max_norm", max_norm)))
+    within = norm < bound
+    factor = jnp.where(within, 1.0, bound / jnp.maximum(norm, jnp.asarray(div_eps).astype(real)))
+    return (factor.astype(c) * grad.astype(c)).astype(grad.dtype)
+
+
+def _unit_values(call, name, value, shape):
+    """A real array broadcasting to ``shape``, or an error naming the argument."""
+    value = _tree.as_arrays(call, value, name)
+    if value.dtype == np.bool_ or not jnp.issubdtype(value.dtype, jnp.number) or jnp.iscomplexobj(value):
+        raise TypeError(f"{call}: {name} has dtype {value.dtype}; it must be real")
+    try:
+        fits = np.broadcast_shapes(value.shape, shape) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{call}: {name} has shape {value.shape}, which does not broadcast to grad's shape {shape}")
+    return value
+
+
+def _apply_normalize_by_update_norm(updates, params, *, scale_factor, eps):
+    norm = global_norm(updates)
+    factor = scale_factor / (norm + eps)
+    return jax.tree.map(lambda g: scaled(g, factor), updates)
+
+
+@combinator
+def normalize_by_update_norm(scale_factor: ScalarOrSchedule = 1.0, eps: ScalarOrSchedule = 1e-6) -> Update:
+    r"""Divides the updates by their global L2 norm (normalised gradient descent).
+
+    Update rule, with $s$ = ``scale_factor``, $\epsilon$ = ``eps`` and
+    $\lVert u \rVert$ the norm of all leaves together:
+
+    $$
+    u \gets s \, \frac{u}{\lVert u \rVert + \epsilon}
+    $$
+
+    Args:
+        scale_factor: $s$, the step's length (negative: a descent step),
+            any real number. Default: ``1.0``.
+        eps: added to the norm, so that a zero update stays zero, >= 0.
+            Default: ``1e-06``.
+
+    Returns:
+        A stateless update object.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.normalize_by_update_norm(scale_factor=-1.0, eps=0.0)
+        >>> opt.update({"a": jnp.array([3.0]), "b": jnp.array([4.0])}, opt.init(None))[0]
+        {'a': Array([-0.6], dtype=float32), 'b': Array([-0.8], dtype=float32)}
+
+    References:
+        Nesterov, "Introductory Lectures on Convex Optimization", 2004,
+        section 3.2.3 (normalised gradient); optax.normalize_by_update_norm
+        (same rule and options).
+    """
+    return stateless(_apply_normalize_by_update_norm, elementwise=True, name="normalize_by_update_norm",
+                     options=dict(scale_factor=scale_factor, eps=eps),
+                     domains=dict(scale_factor=ANY_REAL, eps=NON_NEGATIVE), schedulable=("scale_factor", "eps"))

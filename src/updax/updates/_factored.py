@@ -236,6 +236,51 @@ def scale_by_param_block_rms(min_scale: ScalarOrSchedule = 1e-3) -> Update:
                      schedulable=("min_scale",))
 
 
+def _apply_scale_by_param_block_norm(updates, params, *, min_scale):
+    def leaf(g, p):
+        c = _tree.compute_dtype(g.dtype, p.dtype)
+        norm = safe_sqrt(jnp.sum(abs_sq(p.astype(c))))
+        return (jnp.maximum(norm, min_scale) * g.astype(c)).astype(g.dtype)
+
+    return _tree.tree_map("scale_by_param_block_norm", leaf, updates, params, names=("updates", "params"))
+
+
+@combinator
+def scale_by_param_block_norm(min_scale: ScalarOrSchedule = 1e-3) -> Update:
+    r"""Scales each leaf's update by the L2 norm of its parameters.
+
+    Update rule, per leaf, with $s_\text{min}$ = ``min_scale``:
+    $u \gets u \max(\lVert p \rVert_2, s_\text{min})$, the norm over all of
+    the leaf's elements. :func:`scale_by_param_block_rms` divides that norm
+    by the root of the leaf's size.
+
+    Args:
+        min_scale: the smallest factor, >= 0; it keeps parameters at zero
+            moving. Default: ``1e-3``.
+
+    Returns:
+        A stateless update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_param_block_norm()
+        >>> params = {"w": jnp.array([3.0, 4.0]), "b": jnp.zeros(2)}
+        >>> u, _ = opt.update({"w": jnp.array([0.1, -0.2]), "b": jnp.ones(2)}, opt.init(params), params)
+        >>> u["w"], u["b"]  # norm 5; the zero block moves by min_scale
+        (Array([ 0.5, -1. ], dtype=float32), Array([0.001, 0.001], dtype=float32))
+
+    References:
+        Shazeer & Stern, "Adafactor: Adaptive Learning Rates with Sublinear
+        Memory Cost", ICML 2018 (relative step size).
+        https://arxiv.org/abs/1804.04235; optax.scale_by_param_block_norm
+        (same rule and options).
+    """
+    return stateless(_apply_scale_by_param_block_norm, name="scale_by_param_block_norm",
+                     options=dict(min_scale=min_scale), domains=dict(min_scale=NON_NEGATIVE), needs_params=True,
+                     schedulable=("min_scale",))
+
+
 def _apply_clip_by_block_rms(updates, params, *, threshold):
     def leaf(g):
         g32 = g.astype(_tree.compute_dtype(g.dtype))

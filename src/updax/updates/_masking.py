@@ -186,3 +186,72 @@ def freeze(mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
         optax.transforms.freeze.
     """
     return stateless(_apply_freeze, name="freeze", options=dict(mask=mask), domains=dict(mask=Mask(optional=False)))
+
+
+class SelectiveTransformState(NamedTuple):
+    """The wrapped pipeline's state, for the trained (not frozen) leaves only."""
+
+    inner: tuple
+
+
+def _trained(call, freeze_mask, tree):
+    """Per leaf of ``tree``, True where it is trained: the opposite of the freeze mask."""
+    return jax.tree.map(lambda frozen: not frozen, resolve_mask(call, freeze_mask, tree))
+
+
+def _init_selective_transform(params, *, inner, freeze_mask):
+    return SelectiveTransformState(inner=inner.init(select(params, bool, _trained("selective_transform",
+                                                                                   freeze_mask, params))))
+
+
+def _apply_selective_transform(updates, state, params, *, inner, freeze_mask, **extra):
+    call = "selective_transform"
+    trained = _trained(call, freeze_mask, updates if params is None else params)
+    _tree.check_same_structure(call, trained, updates, "freeze_mask", "updates")
+    sub_params = None if params is None else select(params, bool, trained)
+    out, inner_state = inner.update(select(updates, bool, trained), state.inner, sub_params, **extra)
+    treedef = jax.tree.structure(trained)
+    out_leaves = treedef.flatten_up_to(jax.tree.map(lambda x, m: x, out, trained, is_leaf=lambda x: x is None))
+    merged = [o if m else _tree.zeros_like(u)
+              for o, u, m in zip(out_leaves, treedef.flatten_up_to(updates), jax.tree.leaves(trained))]
+    return treedef.unflatten(merged), SelectiveTransformState(inner=inner_state)
+
+
+@combinator(wraps=True)
+def selective_transform(inner: Update, freeze_mask: PyTree | Callable[[PyTree], PyTree]) -> Update:
+    r"""Runs the pipeline before it on the trained leaves only and zeroes the updates of the frozen ones.
+
+    Update rule, per leaf, with $m$ = ``freeze_mask``:
+    $u = 0$ where $m$ is True (frozen), $u = \text{inner}(g)$ otherwise,
+    with the wrapped pipeline holding state for the trained leaves only.
+    It is ``masked`` with the opposite mask followed by ``freeze``, in one
+    stage: the frozen leaves neither move nor cost state.
+
+    Args:
+        freeze_mask: True for the leaves to freeze: a bool (freeze all or
+            none), a pytree of bools shaped like the params (or a prefix of
+            it), or a function of the params returning one, computed from
+            their structure and shapes (see docs/errors.md, "Masks and
+            labels"). No default.
+
+    Returns:
+        An update object with state ``SelectiveTransformState(inner)``
+        (state only for the trained leaves).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_adam().scale(-0.1).selective_transform({"w": False, "embedding": True})
+        >>> g = {"w": jnp.ones(1), "embedding": jnp.ones(1)}
+        >>> state = opt.init(g)
+        >>> opt.update(g, state)[0]
+        {'embedding': Array([0.], dtype=float32), 'w': Array([-0.1], dtype=float32)}
+        >>> opt.get_state(state, "selective_transform/scale_by_adam.mu")  # no state for the frozen leaf
+        {'embedding': None, 'w': Array([0.], dtype=float32)}
+
+    References:
+        optax.transforms.selective_transform (same rule).
+    """
+    return stateful(_init_selective_transform, _apply_selective_transform, name="selective_transform",
+                    options=dict(inner=inner, freeze_mask=freeze_mask), wraps="inner",
+                    domains=dict(inner=Pipeline(), freeze_mask=Mask(optional=False)))

@@ -10,14 +10,16 @@ pipeline, and a pipeline holds one of them.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE
+from updax._domains import NON_NEGATIVE, Flag
 from updax._primitives import stateful, stateless
 from updax._stage import without_examples
 from updax._typing import PyTree, ScalarOrSchedule
@@ -26,7 +28,7 @@ from updax.updates._kernels import abs_sq, real_only, safe_sqrt
 from updax.updates._noise_decay import _KEY, _key_data
 
 #: What the options of the privacy stages hold (the key as add_noise's).
-_PRIVACY_DOMAINS = dict(l2_norm_clip=NON_NEGATIVE, noise_multiplier=NON_NEGATIVE, key=_KEY)
+_PRIVACY_DOMAINS = dict(l2_norm_clip=NON_NEGATIVE, noise_multiplier=NON_NEGATIVE, key=_KEY, uniform=Flag())
 
 
 def _clipped_sum(updates, l2_norm_clip):
@@ -129,6 +131,77 @@ def per_example_global_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0) -> Update
     """
     options = dict(l2_norm_clip=l2_norm_clip)
     return stateless(_apply_per_example_global_norm_clip, name="per_example_global_norm_clip", options=options,
+                     domains={k: _PRIVACY_DOMAINS[k] for k in options}, schedulable=("l2_norm_clip",),
+                     per_example=True)
+
+
+def _apply_per_example_layer_norm_clip(updates, params, *, l2_norm_clip, uniform):
+    leaves, treedef = jax.tree.flatten(updates)
+    if not leaves:
+        return updates
+    sizes = [math.prod(g.shape[1:]) for g in leaves]  # D_i, one example's elements in leaf i
+
+    def leaf(g, size):
+        c = _tree.compute_dtype(g.dtype)
+        real = jnp.finfo(c).dtype
+        share = 1 / len(leaves) if uniform else size / max(sum(sizes), 1)
+        bound = jnp.asarray(l2_norm_clip).astype(real) * np.sqrt(share).astype(real)  # C_i
+        norms = safe_sqrt(jnp.sum(abs_sq(g.astype(c)), axis=tuple(range(1, g.ndim))))  # one per example
+        within = norms <= bound
+        # Double where: the branch not taken divides by 1, so a zero norm gives no NaN (nor a NaN gradient).
+        factors = jnp.where(within, 1.0, bound / jnp.where(within, 1.0, norms))
+        return jnp.tensordot(factors.astype(c), g.astype(c), axes=1).astype(g.dtype)
+
+    return treedef.unflatten([leaf(g, size) for g, size in zip(leaves, sizes)])
+
+
+@combinator
+def per_example_layer_norm_clip(l2_norm_clip: ScalarOrSchedule = 1.0, uniform: bool = True) -> Update:
+    r"""Clips each example's gradient leaf by leaf, each to its share of ``l2_norm_clip``, then sums.
+
+    Update rule, for updates with a leading axis of $B$ examples and $K$
+    leaves (layers), leaf $i$ of example $b$ being $g_{b,i}$ with $D_i$
+    elements ($D = \sum_i D_i$), with $C$ = ``l2_norm_clip``:
+
+    $$
+    \begin{align*}
+    C_i &= C / \sqrt{K} && (\texttt{uniform=True}) \\
+    C_i &= C \sqrt{D_i / D} && (\texttt{uniform=False}) \\
+    u_i &\gets \sum_b g_{b,i} \min(1, C_i / \lVert g_{b,i} \rVert)
+    \end{align*}
+    $$
+
+    Since $\sum_i C_i^2 = C^2$, each example's clipped gradient has a global
+    norm of at most $C$, as with :func:`per_example_global_norm_clip`
+    (which it equals for one leaf). The updates it gets are per-example;
+    what it returns is shaped like the params, and it comes first in a
+    pipeline.
+
+    Args:
+        l2_norm_clip: $C$, the global bound the layers' bounds share, >= 0.
+            Default: ``1.0``.
+        uniform: give every layer the same bound (True) or one by its share
+            of the elements (False). Default: ``True``.
+
+    Returns:
+        A stateless update object that takes per-example updates.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> grads = [jnp.array([4.0, 0.5]), jnp.array([-2.0, 0.25]), jnp.array([1.0, 8.0]), jnp.zeros(2)]
+        >>> opt = ux.per_example_layer_norm_clip(l2_norm_clip=2.0)  # 4 layers of 2 examples: 2/√4 = 1 each
+        >>> opt.update(grads, opt.init(None))[0]  # 4/4 + 0.5, -2/2 + 0.25, 1 + 8/8, 0
+        [Array(1.5, dtype=float32), Array(-0.75, dtype=float32), Array(2., dtype=float32), Array(0., dtype=float32)]
+
+    References:
+        McMahan et al., "Learning Differentially Private Recurrent Language
+        Models", ICLR 2018. https://arxiv.org/abs/1710.06963;
+        optax.per_example_layer_norm_clip, which returns the sums with the
+        counts of examples clipped.
+    """
+    options = dict(l2_norm_clip=l2_norm_clip, uniform=uniform)
+    return stateless(_apply_per_example_layer_norm_clip, name="per_example_layer_norm_clip", options=options,
                      domains={k: _PRIVACY_DOMAINS[k] for k in options}, schedulable=("l2_norm_clip",),
                      per_example=True)
 

@@ -25,7 +25,9 @@ from updax.updates._kernels import bias_corrections, real_only, safe_sqrt
 class ScaleBySoapState(NamedTuple):
     """Adam's first moment ``mu`` (in the leaf's own coordinates) and second moment ``nu`` (in the eigenbasis);
     per leaf a tuple of Shampoo's statistics ``stats`` and of their estimated eigenbases ``bases``, one square
-    matrix for each preconditioned axis (an empty tuple for a leaf that takes Adam); steps taken ``count``."""
+    matrix for each preconditioned axis (an empty tuple for a leaf that takes Adam), replicated over the leaf's
+    mesh (split where a ZeRO-1 layout, :func:`updax.sharding.zero1_shardings`, puts them: each step gathers them
+    for its products and its refresh, and keeps their placement); steps taken ``count``."""
 
     mu: Any
     nu: NonNegativeField
@@ -167,11 +169,14 @@ def _apply_scale_by_soap(updates, state, params, *, b1, b2, shampoo_beta, eps, p
     leaves, treedef = jax.tree.flatten(updates)
     mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
     stats, bases = treedef.flatten_up_to(state.stats), treedef.flatten_up_to(state.bases)
+    # whole on each device for the products and the refresh (split only where a ZeRO-1 layout put them)
+    whole_stats = [tuple(_gathered(s) for s in ss) for ss in stats]
+    whole_bases = [tuple(_gathered(q) for q in qs) for qs in bases]
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
 
     us, new_mu, new_nu, new_stats, plans = [], [], [], [], []
-    for g, m, v, ss, qs in zip(leaves, mus, nus, stats, bases):
+    for g, m, v, ss, qs in zip(leaves, mus, nus, whole_stats, whole_bases):
         c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype)
         shape, axes = preconditioned(g.shape, max_precond_dim, merge_dims)
         # On a mesh a rotated leaf is gathered (the rotations contract its axes), and split back at the end.
@@ -190,7 +195,7 @@ def _apply_scale_by_soap(updates, state, params, *, b1, b2, shampoo_beta, eps, p
         plans.append((shape, axes))
 
     kind = jnp.where(count == 1, 1, jnp.where(count % precondition_frequency == 0, 2, 0))
-    new_bases, new_nu = _refreshed(kind, new_stats, bases, new_nu, plans)
+    new_bases, new_nu = _refreshed(kind, new_stats, whole_bases, new_nu, plans)
     # Under jit on an Auto mesh nothing else pins the statistics and bases: XLA would split them like the updates.
     new_stats = [tuple(_kept_like(a, b) for a, b in zip(ss, old)) for ss, old in zip(new_stats, stats)]
     new_bases = [tuple(_kept_like(a, b) for a, b in zip(qs, old)) for qs, old in zip(new_bases, bases)]

@@ -1,7 +1,9 @@
-"""Utilities: zeroing NaNs, keeping params non-negative, and snapshots of the updates for inspection."""
+"""Utilities: zeroing NaNs, keeping params non-negative, and snapshots and measurements of the updates for
+inspection."""
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
@@ -11,9 +13,10 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import Flag, Function, fail
+from updax._domains import Count, Flag, FloatDtype, Function, Real, Valid, fail
+from updax._options import format_value
 from updax._primitives import stateful, stateless
-from updax._typing import PyTree
+from updax._typing import DType, PyTree
 from updax._update import Update
 from updax.updates._kernels import real_only
 
@@ -192,3 +195,198 @@ def snapshot(name: str = "snapshot", measure: Callable[[PyTree], PyTree] | None 
                         domains=dict(measure=Function(optional=True)))
     except ValueError as error:  # a name another kind of stage has (a catalogue combinator's: ux.trace)
         raise ValueError(f"snapshot(name={name!r}): {error}") from None
+
+
+# --------------------------------------------------------------------------
+# monitor and measure_with_ema
+
+
+#: What an EMA measurement's options hold.
+_EMA_DOMAINS = dict(measure=Function(), decay=Real(0.0, 1.0), debias=Flag(), accumulator_dtype=FloatDtype())
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class measure_with_ema:  # noqa: N801  (optax's name: it reads as the function that builds a measure)
+    r"""A measurement for :func:`monitor`: ``measure`` of the updates, averaged over the calls by an EMA.
+
+    With $b$ = ``decay``, $x_t$ = ``measure(updates)`` at call $t$ (from 1)
+    and $a_0 = 0$, the measurement recorded is
+
+    $$
+    \begin{align*}
+    a_t &= b\, a_{t-1} + (1 - b)\, x_t \\
+    m_t &= a_t && (\texttt{debias=False}) \\
+    m_t &= a_t / (1 - b^t) && (\texttt{debias=True})
+    \end{align*}
+    $$
+
+    It is a value (equal for equal options) that :func:`monitor` runs; the
+    average $a_t$ lives in the monitor's state (``averages``), the
+    measurement in ``measurements``.
+
+    Args:
+        measure: a jittable function of the updates (of the updates and the
+            params, in a monitor with ``with_params=True``) returning an
+            array or a pytree of arrays, e.g. ``ux.global_norm``. No default.
+        decay: $b$, in [0, 1]. No default.
+        debias: divide by $1 - b^t$ (Adam's bias correction). Default:
+            ``True``.
+        accumulator_dtype: storage dtype of the average; None keeps the
+            measurement's dtype but at least float32. Default: ``None``.
+
+    Returns:
+        A measurement to give :func:`monitor` under a name.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.monitor({"norm_ema": ux.measure_with_ema(ux.global_norm, decay=0.5)})
+        >>> state = opt.init({"w": jnp.zeros(2)})
+        >>> for g in [3.0, 1.0]:  # norms 3√2, √2; debiased: (0.25·3√2 + 0.5·√2) / 0.75
+        ...     _, state = opt.update({"w": jnp.array([g, g])}, state)
+        >>> opt.get_state(state, "monitor.measurements")["norm_ema"]
+        Array(2.3570225, dtype=float32)
+
+    References:
+        optax.measure_with_ema (same rule and options).
+    """
+
+    measure: Callable[..., Any]
+    decay: float
+    debias: bool = True
+    accumulator_dtype: DType = None
+
+    def __post_init__(self) -> None:
+        for name, domain in _EMA_DOMAINS.items():
+            value = domain.check("measure_with_ema", name, getattr(self, name))
+            if name == "decay":
+                value = float(value)
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        shown = [f"{format_value(self.measure)}", f"decay={self.decay!r}", f"debias={self.debias!r}"]
+        if self.accumulator_dtype is not None:
+            shown.append(f"accumulator_dtype={format_value(self.accumulator_dtype)}")
+        return f"measure_with_ema({', '.join(shown)})"
+
+
+def _measures(call, name, value):
+    """``monitor``'s measures: a non-empty dict of named functions and :class:`measure_with_ema` values."""
+    text = "must be a non-empty dict {name: function or ux.measure_with_ema(...)}, its names strings"
+    if not isinstance(value, dict) or not value or not all(isinstance(k, str) for k in value):
+        fail(call, name, value, text, TypeError)
+    for key, measure in value.items():
+        if not (isinstance(measure, measure_with_ema) or callable(measure)):
+            fail(call, name, value, f"{text}; {key!r} holds {measure!r}", TypeError)
+    return value
+
+
+class MonitorState(NamedTuple):
+    """The last call's measurement under each name, the raw moving average of each EMA measurement, and the
+    calls so far."""
+
+    measurements: dict
+    averages: dict
+    count: Count
+
+
+def _measured(measure, updates, params, with_params):
+    fn = measure.measure if isinstance(measure, measure_with_ema) else measure
+    return fn(updates, params) if with_params else fn(updates)
+
+
+def _init_monitor(params, *, measures, with_params):
+    measurements, averages = {}, {}
+    for name, measure in measures.items():
+        shapes = jax.eval_shape(lambda p, m=measure: _measured(m, p, p, with_params), params)
+        if isinstance(measure, measure_with_ema):
+            averages[name] = jax.tree.map(
+                lambda s, m=measure: jnp.zeros(s.shape, _tree.compute_dtype(s.dtype) if m.accumulator_dtype is None
+                                               else m.accumulator_dtype), shapes)
+            measurements[name] = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), averages[name])
+        else:
+            measurements[name] = jax.tree.map(_tree.zeros_of, shapes)
+    return MonitorState(measurements=measurements, averages=averages, count=_tree.zero_count())
+
+
+def _ema_step(measure, averages, value, count):
+    """One call of a :class:`measure_with_ema`: the new raw averages, and the measurement, divided by
+    ``1 - b^t`` where it is debiased (``b^t`` in float32 from the count; nothing to divide by while it is 0)."""
+    b = jnp.asarray(measure.decay, jnp.float32)
+    correction = 1 - b ** _tree.float_count(count) if measure.debias else jnp.ones([], jnp.float32)
+    correction = jnp.where(correction > 0, correction, 1.0)
+
+    def leaf(a, x):
+        c = _tree.compute_dtype(a.dtype, jnp.result_type(x))
+        average = b.astype(c) * a.astype(c) + (1 - b.astype(c)) * jnp.asarray(x).astype(c)
+        return average.astype(a.dtype), (average / correction.astype(c)).astype(a.dtype)
+
+    return _tree.tree_map_unzip("monitor", leaf, 2, averages, value, names=("state.averages", "the measurement"))
+
+
+def _apply_monitor(updates, state, params, *, measures, with_params):
+    count = _tree.safe_increment(state.count)
+    measurements, averages = {}, {}
+    for name, measure in measures.items():
+        value = _measured(measure, updates, params, with_params)
+        _tree.check_same_structure("monitor", state.measurements[name], value, f"the measurement {name!r} at init",
+                                   f"the measurement {name!r}")
+        if isinstance(measure, measure_with_ema):
+            averages[name], measurements[name] = _ema_step(measure, state.averages[name], value, count)
+        else:  # a copy in the dtypes init gave, sharing no buffer with what the measure returned
+            measurements[name] = jax.tree.map(lambda old, new: jnp.array(new, dtype=old.dtype, copy=True),
+                                              state.measurements[name], value)
+    return updates, MonitorState(measurements=measurements, averages=averages, count=count)
+
+
+@combinator
+def monitor(measures: dict[str, Any], *, with_params: bool = False) -> Update:
+    r"""Records named measurements of the updates at this point of the pipeline, which it passes unchanged.
+
+    Update rule: $u \gets u$; for each name $k$ of ``measures``,
+    ``measurements[k]`` $\gets f_k(u)$ ($f_k(u, p)$ with ``with_params``),
+    or the moving average of a :func:`measure_with_ema`. Read them after a
+    step with ``opt.get_state(state, "monitor.measurements")["name"]``: the
+    update norm, the param norm and their ratio are
+
+    ``ux.monitor({"update_norm": lambda u, p: ux.global_norm(u),
+    "param_norm": lambda u, p: ux.global_norm(p),
+    "ratio": lambda u, p: ux.global_norm(u) / ux.global_norm(p)}, with_params=True)``.
+
+    Before the first call every measurement is zeros (optax's state holds
+    no entry for it). Each measurement keeps the structure, shapes and
+    dtypes ``init`` traces from the params.
+
+    Args:
+        measures: a non-empty dict ``{name: measure}``, the names strings,
+            each measure a jittable function of the updates (and the params)
+            returning an array or a pytree of arrays, or a
+            :func:`measure_with_ema`. No default.
+        with_params: call every measure as ``measure(updates, params)``;
+            ``update`` then needs ``params``. Default: ``False``.
+
+    Returns:
+        An update object with state ``MonitorState(measurements, averages,
+        count)``: ``averages`` holds the raw moving average of each
+        :func:`measure_with_ema` by name, ``count`` the calls so far.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale(-0.1).monitor({"step_norm": lambda u, p: ux.global_norm(u),
+        ...                               "ratio": lambda u, p: ux.global_norm(u) / ux.global_norm(p)},
+        ...                              with_params=True)
+        >>> params = {"w": jnp.array([3.0, 4.0])}
+        >>> _, state = opt.update({"w": jnp.array([6.0, 8.0])}, opt.init(params), params)
+        >>> opt.get_state(state, "monitor.measurements")
+        {'ratio': Array(0.2, dtype=float32), 'step_norm': Array(1., dtype=float32)}
+
+    References:
+        optax.monitor (same measures; its measurements read with
+        ``optax.tree.get``).
+    """
+    with_params = Flag().check("monitor", "with_params", with_params)  # (whether update needs params follows)
+    return stateful(_init_monitor, _apply_monitor, name="monitor",
+                    options=dict(measures=measures, with_params=with_params), needs_params=with_params,
+                    domains=dict(measures=Valid(rule=_measures, text="must be a non-empty dict {name: measure}"),
+                                 with_params=Flag()))

@@ -446,3 +446,67 @@ def scale_by_optimistic_gradient(alpha: ScalarOrSchedule = 1.0, beta: ScalarOrSc
     # The update reads the previous gradient: it is written after the params' update (``state_last``).
     return stateful(_init_optimistic, _apply_optimistic, name="scale_by_optimistic_gradient", options=options,
                     domains=_domains(options), schedulable=("alpha", "beta"), state_last=("previous_gradient",))
+
+
+# --------------------------------------------------------------------------
+# Complex leaves as pairs of real ones
+
+
+class SplitRealAndImaginaryState(NamedTuple):
+    """The wrapped pipeline's state, for the split tree: each complex leaf a pair ``(real, imaginary)``."""
+
+    inner: tuple
+
+
+def _split(tree):
+    """Each complex leaf as the pair ``(real part, imaginary part)``; real leaves as they are."""
+    return jax.tree.map(lambda x: (jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else x, tree)
+
+
+def _init_split_real_and_imaginary(params, *, inner):
+    return SplitRealAndImaginaryState(inner=inner.init(_split(params)))
+
+
+def _apply_split_real_and_imaginary(updates, state, params, *, inner, **extra):
+    split_params = None if params is None else _split(params)
+    out, inner_state = inner.update(_split(updates), state.inner, split_params, **extra)
+
+    def merge(u, o):
+        if jnp.iscomplexobj(u):
+            real, imaginary = o
+            return jax.lax.complex(real.astype(jnp.real(u).dtype), imaginary.astype(jnp.real(u).dtype))
+        return o
+
+    return jax.tree.map(merge, updates, out), SplitRealAndImaginaryState(inner=inner_state)
+
+
+@combinator(wraps=True)
+def split_real_and_imaginary(inner: Update) -> Update:
+    r"""Runs the pipeline before it on the real and imaginary parts of complex leaves, as real leaves.
+
+    Each complex leaf $z = x + iy$ of the updates and params becomes the
+    pair of real leaves $(x, y)$ for the wrapped pipeline, and its output
+    pair $(u_x, u_y)$ becomes the complex update $u = u_x + i\, u_y$; real
+    leaves pass to it as they are. So a rule that squares its input
+    elementwise (Adam's $g^2$) keeps one second moment per part,
+    $x^2$ and $y^2$, where it would keep $|z|^2$ for the complex leaf. The
+    wrapped pipeline's state holds the split tree: a complex leaf's state
+    is a pair, read as ``opt.get_state(state,
+    "split_real_and_imaginary/scale_by_adam.mu")["w"][0]`` (the real part).
+
+    Returns:
+        An update object with state ``SplitRealAndImaginaryState(inner)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_sign().split_real_and_imaginary()
+        >>> g = {"w": jnp.array([3.0 - 0.5j])}
+        >>> opt.update(g, opt.init(g))[0]  # the sign of each part
+        {'w': Array([1.-1.j], dtype=complex64)}
+
+    References:
+        optax.contrib.split_real_and_imaginary (same rule).
+    """
+    return stateful(_init_split_real_and_imaginary, _apply_split_real_and_imaginary, name="split_real_and_imaginary",
+                    options=dict(inner=inner), domains=dict(inner=Pipeline()), wraps="inner")
