@@ -49,6 +49,7 @@ CATALOGUE = {
     "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0), lambda: optax.lamb(1e-3)),
     "lars": (lambda: O.lars(1e-3), lambda: optax.lars(1e-3)),
     "lion": (lambda: O.lion(1e-4), lambda: optax.lion(1e-4)),
+    "madgrad": (lambda: O.madgrad(1e-2), lambda: contrib.madgrad(1e-2)),
     "muon": (lambda: O.muon(), lambda: contrib.muon(0.02)),
     "nadam": (lambda: O.nadam(1e-3), lambda: optax.nadam(1e-3)),
     "nadamw": (lambda: O.nadamw(1e-3), lambda: optax.nadamw(1e-3)),
@@ -57,6 +58,7 @@ CATALOGUE = {
     "novograd": (lambda: O.novograd(1e-3), lambda: optax.novograd(1e-3)),
     # optax's optimistic_adam_v2 defaults to Nesterov's first moment, updax's to Adam's.
     "optimistic_adam": (lambda: O.optimistic_adam(1e-3), lambda: optax.optimistic_adam_v2(1e-3, nesterov=False)),
+    "optimistic_adam_v2": (lambda: O.optimistic_adam_v2(1e-3), lambda: optax.optimistic_adam_v2(1e-3)),
     "optimistic_gradient_descent": (lambda: O.optimistic_gradient_descent(1e-2),
                                     lambda: optax.optimistic_gradient_descent(1e-2)),
     "prodigy": (lambda: O.prodigy(), lambda: contrib.prodigy()),
@@ -65,6 +67,7 @@ CATALOGUE = {
     # optax 0.2.8 returns the previous step's update (0 on the first): the same rule one step late.
     "rprop": (lambda: O.rprop(1e-3), lambda: optax.rprop(1e-3)),
     "schedule_free_adamw": (lambda: O.schedule_free_adamw(), lambda: contrib.schedule_free_adamw()),
+    "schedule_free_sgd": (lambda: O.schedule_free_sgd(), lambda: contrib.schedule_free_sgd()),
     "sgd": (lambda: O.sgd(1e-2, momentum=0.9), lambda: optax.sgd(1e-2, momentum=0.9)),
     "sign_sgd": (lambda: O.sign_sgd(1e-3), lambda: optax.sign_sgd(1e-3)),
     "signum": (lambda: O.signum(1e-3), lambda: optax.signum(1e-3)),
@@ -107,6 +110,8 @@ LEFT_OUT = {
     "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",
     "normuon": "not in optax 0.2.8 (its NorMuon is an open pull request)",
     "psgd_kron": "optax 0.2.8 has no PSGD",
+    "laprop": "optax 0.2.8 has no LaProp",
+    "acprop": "optax 0.2.8 centres on the previous momentum, against its documentation (its pull request 1716)",
 }
 
 

@@ -148,9 +148,12 @@ ENTRIES = {
     "scale_by_ademamix": lambda: ux.scale_by_ademamix(b1=0.9, b2=0.999, b3=0.99, alpha=5.0, eps=1e-8, eps_root=0.0),
     "scale_by_simplified_ademamix": lambda: ux.scale_by_simplified_ademamix(b1=0.9, b2=0.95, alpha=1.0, eps=1e-8,
                                                                             eps_root=0.0),
+    "scale_by_laprop": lambda: ux.scale_by_laprop(b1=0.9, b2=0.95, eps=1e-8),
+    "scale_by_acprop": lambda: ux.scale_by_acprop(b1=0.9, b2=0.95, eps=1e-8, eps_root=1e-16),
     "zero_nans": lambda: ux.zero_nans(),
     "keep_params_nonnegative": lambda: ux.keep_params_nonnegative(),
     "snapshot": lambda: ux.scale(-0.5).snapshot(),
+    "scale_by_madgrad": lambda: ux.scale_by_madgrad(learning_rate=0.1, momentum=0.9, eps=1e-6),
     "scale_by_prodigy": lambda: ux.scale_by_prodigy(learning_rate=1.0, b1=0.9, b2=0.99, b3=0.9, eps=1e-8,
                                                     estim_lr0=1e-3, estim_lr_coef=1.0, decay=0.01,
                                                     safeguard_warmup=False),
@@ -201,7 +204,7 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
                 "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
-                "scale_by_sophia", "monitor", "scale_by_param_block_norm"}
+                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",

@@ -228,3 +228,140 @@ def test_low_precision_params_keep_their_dtype_and_float32_moments():
         assert [u.dtype for u in jax.tree.leaves(updates)] == [jnp.float16, jnp.bfloat16]
         moments = [x for x in jax.tree.leaves(state) if x.ndim > 0]
         assert moments and all(x.dtype == jnp.float32 for x in moments)
+
+
+# --------------------------------------------------------------------------
+# LaProp: not in optax 0.2.8; a float64 transcription of the paper's Algorithm 1
+
+
+def _paper_laprop(grads, lr, b1, b2, eps, decay, x):
+    """Ziyin et al., Algorithm 1, float64, with decoupled weight decay lr·decay·x (the authors' code's)."""
+    m, v, out = np.zeros_like(x), np.zeros_like(x), []
+    for t, g in enumerate(grads, start=1):
+        v = b2 * v + (1 - b2) * g * g
+        m = b1 * m + (1 - b1) * g / (np.sqrt(v / (1 - b2**t)) + eps)
+        x = x - lr * (m / (1 - b1**t) + decay * x)
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("b1, b2, eps, decay", [(0.9, 0.999, 1e-15, 0.0), (0.5, 0.9, 1e-4, 0.1), (0.99, 0.5, 0.0, 0.0)])
+def test_laprop_follows_the_paper_over_20_steps_on_a_nested_tree(b1, b2, eps, decay):
+    params = nested_tree(seed=0)
+    grads = [_grads(t) for t in range(N_STEPS)]
+    opt = O.laprop(0.05, b1=b1, b2=b2, eps=eps, decay=decay)
+    state, step, p = opt.init(params), jax.jit(opt.update), params
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
+    expected = [_paper_laprop([np.asarray(jax.tree.leaves(g)[i], np.float64) for g in grads], 0.05, b1, b2, eps,
+                              decay, x) for i, x in enumerate(leaves)]
+    for t, g in enumerate(grads):
+        u, state = step(g, state, p)
+        p = ux.apply_updates(p, u)
+        for i, x in enumerate(jax.tree.leaves(p)):
+            np.testing.assert_allclose(x, expected[i][t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
+
+
+def test_laprop_with_no_momentum_is_rmsprop_bias_corrected_with_eps_outside():
+    """b1 = 0: the update is g / (sqrt(v / (1 - b2^t)) + eps), optax's rmsprop(eps_in_sqrt=False,
+    bias_correction=True)."""
+    opt = ux.scale_by_laprop(b1=0.0, b2=0.9, eps=1e-6)
+    ref = optax.scale_by_rms(decay=0.9, eps=1e-6, eps_in_sqrt=False, bias_correction=True)
+    params = nested_tree(seed=0)
+    s1, s2 = opt.init(params), ref.init(params)
+    for t in range(N_STEPS):
+        u1, s1 = opt.update(_grads(t), s1)
+        u2, s2 = ref.update(_grads(t), s2)
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            np.testing.assert_allclose(x, y, rtol=RTOL, atol=ATOL, err_msg=f"step {t}")
+
+
+def test_laprop_leaves_a_zero_update_zero_without_eps():
+    opt = ux.scale_by_laprop(b1=0.9, b2=0.99, eps=0.0)
+    state = opt.init({"w": jnp.zeros(2)})
+    for g in ([0.0, 1.0], [0.0, -1.0]):
+        u, state = opt.update({"w": jnp.array(g)}, state)
+        assert np.all(np.isfinite(u["w"])) and float(u["w"][0]) == 0.0
+
+
+def test_laprop_equals_its_pipeline_and_names_its_state():
+    assert O.laprop(0.1, decay=0.01) == ux.scale_by_laprop().add_decayed_weights(0.01).scale_by_learning_rate(0.1)
+    opt = O.laprop(0.1)
+    state = opt.init({"w": jnp.zeros(2)})
+    assert int(opt.get_state(state, "scale_by_laprop.count")) == 0
+    with pytest.raises(ValueError, match=r"scale_by_laprop\(b1=1.0\): b1 must be in \[0, 1\)"):
+        ux.scale_by_laprop(b1=1.0)
+
+
+# --------------------------------------------------------------------------
+# ACProp: optax 0.2.8's documented rule in float64, and optax's numbers through the identity that relates its
+# code (centred on the previous momentum) to its documentation (centred on the new one)
+
+
+def _documented_acprop(grads, b1, b2, eps, eps_root):
+    """optax.contrib.acprop's documented rule (and the paper's centring), float64: g / (sqrt(s_(t-1) / (1 -
+    b2^(t-1))) + eps), with s centred on the new momentum; the missing first second moment taken as 1 (optax's)."""
+    m, s, out = np.zeros_like(grads[0]), np.zeros_like(grads[0]), []
+    for t, g in enumerate(grads, start=1):
+        out.append(g / (1 + eps) if t == 1 else g / (np.sqrt(s / (1 - b2 ** (t - 1))) + eps))
+        m = b1 * m + (1 - b1) * g
+        s = b2 * s + (1 - b2) * (g - m) ** 2 + eps_root
+    return out
+
+
+@pytest.mark.parametrize("b1, b2, eps, eps_root", [(0.9, 0.999, 1e-16, 1e-16), (0.5, 0.9, 1e-3, 1e-4),
+                                                   (0.3, 0.5, 0.0, 0.0)])
+def test_acprop_follows_the_documented_rule_over_20_steps_on_a_nested_tree(b1, b2, eps, eps_root):
+    grads = [_grads(t) for t in range(N_STEPS)]
+    opt = ux.scale_by_acprop(b1=b1, b2=b2, eps=eps, eps_root=eps_root)
+    state, step = opt.init(nested_tree(seed=0)), jax.jit(opt.update)
+    expected = [_documented_acprop([np.asarray(jax.tree.leaves(g)[i], np.float64) for g in grads], b1, b2, eps,
+                                   eps_root) for i in range(len(jax.tree.leaves(grads[0])))]
+    for t, g in enumerate(grads):
+        u, state = step(g, state)
+        for i, x in enumerate(jax.tree.leaves(u)):
+            np.testing.assert_allclose(x, expected[i][t], rtol=1e-4, atol=1e-6, err_msg=f"step {t}")
+
+
+@pytest.mark.parametrize("b1, b2, eps", [(0.9, 0.999, 1e-8), (0.5, 0.9, 1e-3)])
+def test_acprop_is_optax_through_its_centring_identity(b1, b2, eps):
+    """g - m_new = b1·(g - m_old): with eps_root = 0, optax 0.2.8's s is updax's over b1², so from the second step
+    optax's steps with eps/b1 are updax's times b1; the first is g / (1 + eps) on both sides, with each one's eps."""
+    opt = ux.scale_by_acprop(b1=b1, b2=b2, eps=eps, eps_root=0.0)
+    ref = optax.contrib.scale_by_acprop(b1=b1, b2=b2, eps=eps / b1, eps_root=0.0)
+    params = nested_tree(seed=0)
+    s1, s2 = opt.init(params), ref.init(params)
+    step1, step2 = jax.jit(opt.update), jax.jit(ref.update)
+    for t in range(N_STEPS):
+        u1, s1 = step1(_grads(t), s1)
+        u2, s2 = step2(_grads(t), s2)
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            if t == 0:
+                np.testing.assert_allclose(x * (1 + eps), y * (1 + eps / b1), rtol=RTOL, atol=ATOL)
+            else:
+                np.testing.assert_allclose(b1 * x, y, rtol=RTOL, atol=ATOL, err_msg=f"step {t}")
+    for x, y in zip(jax.tree.leaves(opt.get_state(s1, "scale_by_acprop.nu")), jax.tree.leaves(s2.nu)):
+        np.testing.assert_allclose(x, b1**2 * y, rtol=RTOL, atol=1e-12)
+
+
+def test_acprop_optimizer_is_optaxs_pipeline():
+    """optax.contrib.acprop = scale_by_acprop |> add_decayed_weights |> scale_by_learning_rate, here too: at
+    b1 = 0.5, eps_root = 0 and eps = 0 the two rules differ by the factor b1 alone (see the identity above)."""
+    assert O.acprop(0.1, decay=0.01) == ux.scale_by_acprop().add_decayed_weights(0.01).scale_by_learning_rate(0.1)
+    opt = O.acprop(0.05, b1=0.5, b2=0.9, eps=0.0, eps_root=0.0, decay=0.0)
+    ref = optax.contrib.acprop(0.05, b1=0.5, b2=0.9, eps=0.0, eps_root=0.0, weight_decay=0.0)
+    params = nested_tree(seed=0)
+    s1, s2 = opt.init(params), ref.init(params)
+    for t in range(N_STEPS):
+        u1, s1 = opt.update(_grads(t), s1, params)
+        u2, s2 = ref.update(_grads(t), s2, params)
+        for x, y in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+            np.testing.assert_allclose(x if t == 0 else 0.5 * x, y, rtol=RTOL, atol=ATOL, err_msg=f"step {t}")
+
+
+def test_acprop_first_update_is_the_update_without_eps_and_a_zero_history_stays_zero():
+    opt = ux.scale_by_acprop(b1=0.9, b2=0.99, eps=0.0, eps_root=0.0)
+    state = opt.init({"w": jnp.zeros(3)})
+    u, state = opt.update({"w": jnp.array([1.0, -2.0, 0.0])}, state)
+    np.testing.assert_array_equal(u["w"], [1.0, -2.0, 0.0])
+    u, state = opt.update({"w": jnp.array([1.0, 1.0, 0.0])}, state)
+    assert np.all(np.isfinite(u["w"])) and float(u["w"][2]) == 0.0

@@ -218,7 +218,8 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
             "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_sm3",
             "scale_by_normuon", "keep_params_nonnegative",
             "scale_by_shampoo", "scale_by_soap", "scale_by_sophia",  # eigenbases of real statistics; Hutchinson's signs
-            "scale_by_psgd_kron"}  # real triangular factors and Gaussian probes
+            "scale_by_psgd_kron",  # real triangular factors and Gaussian probes
+            "scale_by_madgrad"}  # a cube root of sums of squares, written for real numbers as optax's
 
 SUPPORTED = {
     "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)
@@ -235,7 +236,7 @@ SUPPORTED = {
     "scale_by_mars",  # |c|² norms, a real factor (tests/test_mars.py)
     # tests/test_adam_variants.py: ADOPT clips the modulus (against the paper's rule in float64); optax 0.2.8's
     # simplified AdEMAMix squares complex updates without the conjugate, its phase is checked here.
-    "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix",
+    "scale_by_adopt", "scale_by_ademamix", "scale_by_simplified_ademamix", "scale_by_laprop", "scale_by_acprop",
     "conditionally_mask", "conditionally_transform", "apply_every", "selective_transform", "monitor",
     "normalize_by_update_norm", "scale_by_param_block_norm", "per_example_layer_norm_clip",  # |g|² norms
     # tests/test_optax_compat.py: against optax on complex trees

@@ -175,6 +175,8 @@ OVERRIDES: dict[tuple[str, str], tuple[Range, str]] = {
         Range(integer=True, lo=0, hi=0), "scale_by_factored_rms.step_offset: the count must not be below it"),
     ("optimizers.schedule_free_adamw", "warmup_steps"): (
         Range(integer=True, lo=1), "documented as 'length of the linear warm-up, or None'; a length is >= 1"),
+    ("optimizers.schedule_free_sgd", "warmup_steps"): (
+        Range(integer=True, lo=1), "documented as 'length of the linear warm-up, or None'; a length is >= 1"),
 }
 
 #: Options that are not a number in a range: (entry, option) -> (strategy factory(params), why).
@@ -590,6 +592,11 @@ def _dog_init_step_types(params):
 @_structural("optimizers.polyak_sgd", "variant", "scale_by_polyak.variant")
 def _polyak_variants(params):
     return st.sampled_from(["sps", "sps+"])
+
+
+@_structural("reduce_on_plateau", "mode", "'\"min\" or \"max\"'")
+def _plateau_modes(params):
+    return st.sampled_from(["min", "max"])
 
 
 @_structural("scale_by_shampoo", "graft", "'\"adagrad\", \"rmsprop\", \"adam\" or \"sgd\"'")
@@ -1357,6 +1364,7 @@ def test_zero_eps_on_a_zero_gradient_gives_nan_as_documented(name):
 def test_schedule_free_adamw_takes_any_documented_peak_with_a_warmup():
     for peak in (0.0, 0.1, 3e38):
         assert ux.optimizers.schedule_free_adamw(learning_rate=peak, warmup_steps=10) is not None
+        assert ux.optimizers.schedule_free_sgd(learning_rate=peak, warmup_steps=10) is not None
 
 
 def _finite_steps(opt, grads, steps, jit):

@@ -149,14 +149,15 @@ def test_gradients_through_three_steps(name, float64_run):
                 assert any(np.any(x != 0) for x in jax.tree.leaves((d_options, d_grads))), name
             # ema_params and swa average the params in their state only; schedule_free's steps depend on the
             # params only through y - z, and init sets z = y: a shift of the params shifts x, y, z alike. DoWG's and
-            # COCOB's steps depend on the params only through x - x0, and init sets x0 = x; so do Mechanic's first
+            # COCOB's and MADGRAD's steps depend on the params only through x - x0, and init sets x0 = x; so do
+            # Mechanic's first
             # steps (its weight decay reaches the scale through the reward only, clipped to eps on these steps).
             # L-BFGS sees the params only through w_{k+1} - w_k, which is its own last step. Lookahead's slow
             # weights and SAM's outer params start at the params, and their steps see the params only through the
             # distance to those (around a pipeline that does not read the params, as here). A monitor measures the
             # params into its state only.
             if name in NEEDS_PARAMS - {"ema_params", "swa", "schedule_free", "scale_by_dowg", "scale_by_cocob",
-                                       "mechanize", "scale_by_lbfgs", "lookahead", "sam", "monitor"}:
+                                       "scale_by_madgrad", "mechanize", "scale_by_lbfgs", "lookahead", "sam", "monitor"}:
                 assert any(np.any(x != 0) for x in jax.tree.leaves(d_params)), name
 
 

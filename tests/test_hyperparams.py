@@ -111,6 +111,50 @@ def test_reduce_on_plateau_matches_optax(cooldown, accumulation_size):
         assert scales[-1] == pytest.approx(0.05)  # reached min_scale
 
 
+
+def _torch_plateau(values, lr, mode, factor, patience, threshold, threshold_mode, cooldown, min_lr):
+    """torch.optim.lr_scheduler.ReduceLROnPlateau as its documentation describes it, in float64: the learning
+    rate after each reported value."""
+    best = np.inf if mode == "min" else -np.inf
+    bad = cooldown_counter = 0
+    rates = []
+    for a in values:
+        if mode == "min":
+            better = a < (best * (1 - threshold) if threshold_mode == "rel" else best - threshold)
+        else:
+            better = a > (best * (1 + threshold) if threshold_mode == "rel" else best + threshold)
+        best, bad = (a, 0) if better else (best, bad + 1)
+        if cooldown_counter > 0:
+            cooldown_counter, bad = cooldown_counter - 1, 0
+        if bad > patience:
+            lr, cooldown_counter, bad = max(lr * factor, min_lr), cooldown, 0
+        rates.append(lr)
+    return rates
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+@pytest.mark.parametrize("threshold_mode", ["rel", "abs"])
+@pytest.mark.parametrize("cooldown", [0, 2])
+def test_reduce_on_plateau_matches_torchs_documented_rule(mode, threshold_mode, cooldown):
+    """mode="max" and both of torch's threshold modes, through updax's rtol/atol (torch's patience p is updax's
+    p + 1): the factor times the initial learning rate is torch's rate after every reported value."""
+    lr, threshold, patience = 0.5, 0.05, 1
+    rtol, atol = (threshold, 0.0) if threshold_mode == "rel" else (0.0, threshold)
+    opt = ux.scale_by_learning_rate(lr).reduce_on_plateau(factor=0.5, patience=patience + 1, rtol=rtol, atol=atol,
+                                                          cooldown=cooldown, min_scale=0.02 / lr, mode=mode)
+    rng = np.random.default_rng(3)
+    # a metric improving by steps of a few threshold's worth, with plateaus, in both directions of the margin
+    values = np.concatenate([np.linspace(1.0, 2.0, 6), 2.0 + 0.03 * rng.standard_normal(10),
+                             np.linspace(2.0, 3.0, 4), 3.0 + 0.2 * rng.standard_normal(12)])
+    values = values if mode == "max" else -values
+    want = _torch_plateau(values, lr, mode, 0.5, patience, threshold, threshold_mode, cooldown, 0.02)
+    g = {"w": jnp.array([1.0, -2.0]), "b": [jnp.asarray(0.5)]}
+    state, step = opt.init(g), jax.jit(opt.update)
+    for value, rate in zip(values, want):
+        u, state = step(g, state, loss=jnp.asarray(value, jnp.float32))
+        np.testing.assert_allclose(u["w"], -rate * np.array([1.0, -2.0]), rtol=1e-5)
+    assert len(set(want)) >= 2  # reduced at least once
+
 def test_reduce_on_plateau_asks_for_the_loss_by_name():
     opt = ux.reduce_on_plateau()
     with pytest.raises(ValueError, match=r"reduce_on_plateau needs the loss: call update\(updates, state, params, loss=loss\)"):

@@ -54,7 +54,8 @@ IN_PLACE = sorted(DECLARING + COMPUTED_ONCE + RECOMPUTED)
 OPTAX = {"adabelief": optax.adabelief, "adan": optax.adan, "lion": optax.lion, "optimistic_adam": optax.optimistic_adam_v2,
          "optimistic_gradient_descent": optax.optimistic_gradient_descent, "adopt": optax.contrib.adopt,
          "dadapt_adamw": optax.contrib.dadapt_adamw, "cocob": optax.contrib.cocob,
-         "schedule_free_adamw": optax.contrib.schedule_free_adamw}
+         "schedule_free_adamw": optax.contrib.schedule_free_adamw,
+         "optimistic_adam_v2": optax.optimistic_adam_v2}
 #: The declaring optimizers optax 0.2.8 does not have: the counter-case is updax's own step with the order off.
 NOT_IN_OPTAX = ["mars_adamw", "mars_lion"]
 

@@ -57,6 +57,13 @@ def test_each_optimizer_equals_its_explicit_pipeline():
         "muon": ux.scale_by_muon().scale_by_shape().add_decayed_weights(0.0).scale_by_learning_rate(lr),
         "adam": ux.scale_by_nadam().add_decayed_weights(0.0).scale_by_learning_rate(lr)}, _muon_groups)
     assert O.sm3(lr) == ux.scale_by_sm3(b1=0.9).scale_by_learning_rate(lr)
+    assert O.madgrad(lr, decay=0.1) == ux.add_decayed_weights(0.1).scale_by_madgrad(lr).scale(-1.0)
+    assert O.schedule_free_sgd(lr, decay=0.1, b1=0.8) == (
+        ux.add_decayed_weights(0.1).scale_by_learning_rate(lr).schedule_free(lr, b1=0.8))
+    warm = ux.schedules.polynomial_decay(0.0, end_value=lr, power=1.0, transition_steps=5)
+    assert O.schedule_free_sgd(lr, warmup_steps=5) == (
+        ux.add_decayed_weights(0.0).scale_by_learning_rate(warm).schedule_free(warm))
+    assert O.optimistic_adam_v2(lr) == O.optimistic_adam(lr, nesterov=True)
     assert O.fromage(lr) == ux.scale_by_trust_ratio(min_norm=1e-6).scale_by_learning_rate(lr * m).add_decayed_weights(
         m - 1)
 
@@ -176,6 +183,15 @@ PARITY = [
      lambda: optax.contrib.schedule_free_adamw(0.05, b1=0.8, b2=0.95, eps=1e-7, weight_decay=0.01)),
     ("schedule_free_sgd", lambda: ux.scale_by_learning_rate(0.05).schedule_free(0.05, b1=0.7, weight_lr_power=1.0),
      lambda: optax.contrib.schedule_free(optax.sgd(0.05), 0.05, b1=0.7, weight_lr_power=1.0)),
+    # optax's spellings
+    ("schedule_free_sgd", lambda: O.schedule_free_sgd(0.05, b1=0.8, decay=0.01, weight_lr_power=1.0),
+     lambda: optax.contrib.schedule_free_sgd(0.05, b1=0.8, weight_decay=0.01, weight_lr_power=1.0)),
+    ("schedule_free_sgd_defaults", lambda: O.schedule_free_sgd(0.05), lambda: optax.contrib.schedule_free_sgd(0.05)),
+    ("optimistic_adam_v2", lambda: O.optimistic_adam_v2(0.05, alpha=0.7, beta=0.9, b1=0.8, b2=0.95, eps=1e-7),
+     lambda: optax.optimistic_adam_v2(0.05, alpha=0.7, beta=0.9, b1=0.8, b2=0.95, eps=1e-7)),
+    ("optimistic_adam_v2_defaults", lambda: O.optimistic_adam_v2(0.05), lambda: optax.optimistic_adam_v2(0.05)),
+    ("madgrad", lambda: O.madgrad(0.05, momentum=0.8, decay=0.01, eps=1e-6),
+     lambda: optax.contrib.madgrad(0.05, momentum=0.8, weight_decay=0.01, eps=1e-6)),
     # Nesterov's first moment on the Adam family, and weight-decay masks (a function, a pytree, a prefix).
     ("adam_nesterov", lambda: O.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True),
      lambda: optax.adam(0.05, b1=0.8, b2=0.99, eps=1e-7, eps_root=0.0, nesterov=True)),
@@ -333,6 +349,9 @@ LEARNING_RATES = {
     # Optimistic gradient descent x' = x - η(2g - g_prev) is stable on a curvature L only for ηL < 2/3 (gradient
     # descent: ηL < 2); at the optimum L ≈ 102, so its default η = 0.01 circles around it, as optax's does.
     "optimistic_gradient_descent": 0.005,
+    # optax's default 1.0 is SGD's step on a curvature of ~100 at the optimum: it diverges there (NaN after 20,000
+    # steps), as optax's does; sgd's default 0.01 converges.
+    "schedule_free_sgd": 0.01,
 }
 
 

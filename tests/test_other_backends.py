@@ -74,7 +74,7 @@ CPU_PATHS = {
     "scale_by_cocob", "scale_by_dadapt_adamw", "scale_by_lion", "scale_by_optimistic_gradient",
     "optimizers.adabelief", "optimizers.adan", "optimizers.adopt", "optimizers.cocob", "optimizers.dadapt_adamw",
     "optimizers.lamb", "optimizers.lion", "optimizers.optimistic_adam", "optimizers.optimistic_gradient_descent",
-    "optimizers.schedule_free_adamw", *EXTRA,
+    "optimizers.schedule_free_adamw", "optimizers.optimistic_adam_v2", "optimizers.schedule_free_sgd", *EXTRA,
     # a declared decay (a schedulable option whose domain lies in [0, 1]) at 0.5, made opaque (updax._backend._half)
     "trace_nesterov", "lookahead", "sam", "reduce_on_plateau", "scale_by_rprop", "optimizers.rprop",
     # MARS reads the previous gradient (state_last), and MARS-Lion has Lion's momentum too

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import pickle
 import re
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from optax._src import factorized as optax_factorized
 
 import updax as ux
 import updax.schedules as uxs
@@ -75,6 +77,72 @@ def np_sgdr(t):
         out = np.where(t >= begin, values, out)
         begin += c["decay_steps"]
     return out
+
+
+def np_wsd(t, init, peak, warmup, stable, cooldown, end, kind):
+    """Warmup-stable-decay from Hägele et al. (arXiv 2405.18392), section 2: the cooldown's shapes."""
+    p = np.clip(t - warmup - stable, 0, cooldown) / cooldown
+    left = {"linear": 1 - p, "cosine": 0.5 * (1 + np.cos(np.pi * p)), "1-sqrt": 1 - np.sqrt(p)}[kind]
+    return np.where(t < warmup, init + (peak - init) * t / max(warmup, 1), end + (peak - end) * left)
+
+
+def torch_cyclic(t, base, top, up, down, mode, gamma):
+    """torch.optim.lr_scheduler.CyclicLR's documented formula, one count at a time."""
+    out = []
+    for epoch in t:
+        total = up + down
+        cycle = math.floor(1 + epoch / total)
+        x = 1.0 + epoch / total - cycle
+        ratio = up / total
+        factor = x / ratio if x <= ratio else (x - 1) / (ratio - 1)
+        scale = {"triangular": 1.0, "triangular2": 1 / 2.0 ** (cycle - 1), "exp_range": gamma**epoch}[mode]
+        out.append(base + (top - base) * factor * scale)
+    return np.array(out)
+
+
+def torch_warm_restarts(t, init, period, mult, end):
+    """CosineAnnealingWarmRestarts's documented rule: T_cur counts the steps since the last restart, T_i grows by
+    T_mult at each (the restarts found by walking the cycles, not by a logarithm)."""
+    out = []
+    for epoch in t:
+        cur, length = epoch, period
+        while cur >= length:
+            cur, length = cur - length, length * mult
+        out.append(end + (init - end) * (1 + math.cos(math.pi * cur / length)) / 2)
+    return np.array(out)
+
+
+def torch_swalr(t, init, swa, steps, strategy):
+    """SWALR's documented annealing: alpha(t / anneal_epochs) of the way from the initial rate to swa_lr."""
+    p = np.ones_like(t) if steps == 0 else np.minimum(t / steps, 1.0)
+    alpha = p if strategy == "linear" else (1 - np.cos(np.pi * p)) / 2
+    return swa * alpha + init * (1 - alpha)
+
+
+def np_product_of_factors(t, init, factor):
+    """MultiplicativeLR: lr_t = lr_(t-1) · factor(t) from lr_0 = init."""
+    values = [init]
+    for step in range(1, len(t)):
+        values.append(values[-1] * factor(step))
+    return np.array(values)
+
+
+def _jnp_triangle(base, top, up, down):
+    """The triangle wave written apart from torch's formula: up over [0, up), down over [up, up + down)."""
+    def value(count):
+        pos = jnp.mod(count, up + down).astype(jnp.float32)
+        h = jnp.where(pos < up, pos / up, (up + down - pos) / down)
+        return base + (top - base) * h
+    return value
+
+
+def _restart_cycles(init, period, mult, end, n):
+    """Cosine restarts as optax's sgdr: cycles without warmup, each mult times longer, enough to pass n."""
+    cycles, total, length = [], 0, period
+    while total <= n:
+        cycles.append(dict(init_value=init, peak_value=init, warmup_steps=0, decay_steps=length, end_value=end))
+        total, length = total + length, length * mult
+    return cycles
 
 
 def _plain_halving(count):
@@ -216,6 +284,77 @@ CASES = {
         lambda: uxs.join_schedules([uxs.constant(0.1), _plain_halving], [10]),
         lambda: optax.join_schedules([optax.constant_schedule(0.1), lambda c: 0.5**c], [10]),
         lambda t: np.where(t < 10, 0.1, 0.5 ** (t - 10))),
+    # Schedules optax does not have: the second oracle is optax's pieces joined where they exist, else the rule
+    # written apart from the closed form (torch's documented formulas, at every count 0..N, boundaries included).
+    "warmup_stable_decay_linear": (
+        lambda: uxs.warmup_stable_decay(0.1, 1.0, warmup_steps=5, stable_steps=10, cooldown_steps=8, end_value=0.05,
+                                        cooldown_type="linear"),
+        lambda: optax.join_schedules([optax.linear_schedule(0.1, 1.0, 5), optax.constant_schedule(1.0),
+                                      optax.linear_schedule(1.0, 0.05, 8)], [5, 15]),
+        lambda t: np_wsd(t, 0.1, 1.0, 5, 10, 8, 0.05, "linear")),
+    "warmup_stable_decay_cosine": (
+        lambda: uxs.warmup_stable_decay(0.0, 0.8, warmup_steps=4, stable_steps=12, cooldown_steps=10, end_value=0.08,
+                                        cooldown_type="cosine"),
+        lambda: optax.join_schedules([optax.linear_schedule(0.0, 0.8, 4), optax.constant_schedule(0.8),
+                                      optax.cosine_decay_schedule(0.8, 10, alpha=0.1)], [4, 16]),
+        lambda t: np_wsd(t, 0.0, 0.8, 4, 12, 10, 0.08, "cosine")),
+    "warmup_stable_decay_1_sqrt": (
+        lambda: uxs.warmup_stable_decay(0.0, 0.5, warmup_steps=0, stable_steps=9, cooldown_steps=16, end_value=0.0,
+                                        cooldown_type="1-sqrt"),
+        lambda: (lambda c: jnp.where(c < 9, 0.5, 0.5 * (1 - jnp.sqrt(jnp.clip(c - 9, 0, 16) / 16.0)))),
+        lambda t: np_wsd(t, 0.0, 0.5, 0, 9, 16, 0.0, "1-sqrt")),
+    "cyclic_triangular": (
+        lambda: uxs.cyclic(0.1, 0.9, step_size_up=4, step_size_down=6, mode="triangular", gamma=1.0),
+        lambda: _jnp_triangle(0.1, 0.9, 4, 6),
+        lambda t: torch_cyclic(t, 0.1, 0.9, 4, 6, "triangular", 1.0)),
+    "cyclic_triangular2": (
+        lambda: uxs.cyclic(0.2, 1.0, step_size_up=3, step_size_down=None, mode="triangular2", gamma=1.0),
+        lambda: (lambda c: 0.2 + (_jnp_triangle(0.0, 0.8, 3, 3)(c)) * 0.5 ** jnp.floor(c / 6.0)),
+        lambda t: torch_cyclic(t, 0.2, 1.0, 3, 3, "triangular2", 1.0)),
+    "cyclic_exp_range": (
+        lambda: uxs.cyclic(0.05, 0.5, step_size_up=5, step_size_down=2, mode="exp_range", gamma=0.97),
+        lambda: (lambda c: 0.05 + _jnp_triangle(0.0, 0.45, 5, 2)(c) * 0.97 ** c.astype(jnp.float32)),
+        lambda t: torch_cyclic(t, 0.05, 0.5, 5, 2, "exp_range", 0.97)),
+    "cosine_warm_restarts": (
+        lambda: uxs.cosine_warm_restarts(0.6, period=7, period_mult=1, end_value=0.1),
+        lambda: optax.sgdr_schedule(_restart_cycles(0.6, 7, 1, 0.1, N)),
+        lambda t: torch_warm_restarts(t, 0.6, 7, 1, 0.1)),
+    "cosine_warm_restarts_mult_2": (
+        lambda: uxs.cosine_warm_restarts(1.0, period=3, period_mult=2, end_value=0.0),
+        lambda: optax.sgdr_schedule(_restart_cycles(1.0, 3, 2, 0.0, N)),
+        lambda t: torch_warm_restarts(t, 1.0, 3, 2, 0.0)),
+    "cosine_warm_restarts_mult_3": (
+        lambda: uxs.cosine_warm_restarts(0.5, period=1, period_mult=3, end_value=0.02),
+        lambda: optax.sgdr_schedule(_restart_cycles(0.5, 1, 3, 0.02, N)),
+        lambda t: torch_warm_restarts(t, 0.5, 1, 3, 0.02)),
+    "multiplicative": (
+        lambda: uxs.multiplicative(0.8, uxs.piecewise_constant(0.9, {10: 1.0, 20: 0.95})),
+        lambda: (lambda c: 0.8 * 0.9 ** jnp.minimum(c, 9).astype(jnp.float32)
+                 * 0.95 ** jnp.maximum(c - 19, 0).astype(jnp.float32)),
+        lambda t: np_product_of_factors(t, 0.8, lambda k: 0.9 if k < 10 else (1.0 if k < 20 else 0.95))),
+    "multiply_schedules": (
+        lambda: uxs.multiply_schedules([uxs.constant(0.5), uxs.piecewise_constant(0.1, {3: 1.0}),
+                                        uxs.exponential_decay(1.0, decay_rate=0.9, transition_steps=1)]),
+        lambda: (lambda c: optax.constant_schedule(0.5)(c) * optax.piecewise_constant_schedule(0.1, {3: 10.0})(c)
+                 * optax.exponential_decay(1.0, 1, 0.9)(c)),
+        lambda t: 0.5 * np.where(t < 3, 0.1, 1.0) * 0.9**t),
+    "swalr_cos": (
+        lambda: uxs.swalr(0.4, 0.05, anneal_steps=12, anneal_strategy="cos"),
+        lambda: optax.cosine_decay_schedule(0.4, 12, alpha=0.125),
+        lambda t: torch_swalr(t, 0.4, 0.05, 12, "cos")),
+    "swalr_linear": (
+        lambda: uxs.swalr(0.4, 0.1, anneal_steps=9, anneal_strategy="linear"),
+        lambda: optax.linear_schedule(0.4, 0.1, 9),
+        lambda t: torch_swalr(t, 0.4, 0.1, 9, "linear")),
+    "swalr_no_annealing": (
+        lambda: uxs.swalr(0.4, 0.1, anneal_steps=0, anneal_strategy="cos"),
+        lambda: optax.constant_schedule(0.1),
+        lambda t: torch_swalr(t, 0.4, 0.1, 0, "cos")),
+    # Adafactor's decay, which optax's factorized rule computes inside (PaLM's b2), capped from count 17 on.
+    "power_decay_rate": (
+        lambda: uxs.power_decay_rate(0.8, max_value=0.9),
+        lambda: (lambda c: jnp.minimum(0.9, optax_factorized._decay_rate_pow(c, 0.8))),
+        lambda t: np.minimum(0.9, 1 - (t + 1) ** -0.8)),
 }
 
 NAMES = sorted(CASES)
@@ -303,6 +442,17 @@ NUMERIC_VARIANTS = {
     "sgdr": lambda: uxs.sgdr([dict(c, decay_steps=c["decay_steps"] + 1, peak_value=0.9) for c in CYCLES]),
     "join_schedules": lambda: uxs.join_schedules([uxs.constant(0.2), uxs.cosine_decay(0.1, decay_steps=3, alpha=0.5),
                                                   uxs.linear_decay(0.6, warmup=1, steps=4)], [2, 9]),
+    "warmup_stable_decay_cosine": lambda: uxs.warmup_stable_decay(0.1, 0.5, warmup_steps=2, stable_steps=3,
+                                                                  cooldown_steps=6, end_value=0.0,
+                                                                  cooldown_type="cosine"),
+    "cyclic_exp_range": lambda: uxs.cyclic(0.1, 0.3, step_size_up=2, step_size_down=9, mode="exp_range", gamma=0.9),
+    "cosine_warm_restarts_mult_2": lambda: uxs.cosine_warm_restarts(0.3, period=5, period_mult=2, end_value=0.1),
+    "multiplicative": lambda: uxs.multiplicative(0.4, uxs.piecewise_constant(0.5, {10: 0.8, 20: 0.9})),
+    "multiply_schedules": lambda: uxs.multiply_schedules([uxs.constant(0.1), uxs.piecewise_constant(0.2, {3: 2.0}),
+                                                          uxs.exponential_decay(2.0, decay_rate=0.5,
+                                                                                transition_steps=3)]),
+    "swalr_cos": lambda: uxs.swalr(1.0, 0.5, anneal_steps=3, anneal_strategy="cos"),
+    "power_decay_rate": lambda: uxs.power_decay_rate(0.5, max_value=0.999),
 }
 
 
@@ -469,6 +619,31 @@ BAD = [
     (lambda: uxs.join_schedules([uxs.constant(1.0), 3], [1]), TypeError, "must hold callables, got 3"),
     (lambda: uxs.join_schedules([], []), ValueError, "join_schedules(schedules=()): schedules must hold at least one"),
     (lambda: uxs.sgdr([]), ValueError, "sgdr(cosine_kwargs=[]): cosine_kwargs must be a non-empty list"),
+    (lambda: uxs.warmup_stable_decay(0.0, 1.0, 2, 3, 0), ValueError,
+     "warmup_stable_decay(cooldown_steps=0): cooldown_steps must be a positive integer"),
+    (lambda: uxs.warmup_stable_decay(0.0, 1.0, 2, -3, 4), ValueError,
+     "warmup_stable_decay(stable_steps=-3): stable_steps must be a non-negative integer"),
+    (lambda: uxs.warmup_stable_decay(0.0, 1.0, 2, 3, 4, cooldown_type="sqrt"), ValueError,
+     "warmup_stable_decay(cooldown_type='sqrt'): cooldown_type must be 'linear', 'cosine' or '1-sqrt'"),
+    (lambda: uxs.cyclic(0.1, 1.0, mode="exp"), ValueError,
+     "cyclic(mode='exp'): mode must be 'triangular', 'triangular2' or 'exp_range'"),
+    (lambda: uxs.cyclic(0.1, 1.0, step_size_down=0), ValueError,
+     "cyclic(step_size_down=0): step_size_down must be a positive integer"),
+    (lambda: uxs.cyclic(0.1, 1.0, gamma=1.5), ValueError, "cyclic(gamma=1.5): gamma must be in (0, 1]"),
+    (lambda: uxs.cosine_warm_restarts(1.0, period=0), ValueError,
+     "cosine_warm_restarts(period=0): period must be a positive integer"),
+    (lambda: uxs.cosine_warm_restarts(1.0, period=3, period_mult=1.5), TypeError,
+     "cosine_warm_restarts(period_mult=1.5)"),
+    (lambda: uxs.multiplicative(1.0, 0.9), TypeError, "multiplicative(factor_fn=0.9): factor_fn must hold schedules"),
+    (lambda: uxs.multiply_schedules([]), ValueError,
+     "multiply_schedules(schedules=[]): schedules must be a non-empty list"),
+    (lambda: uxs.multiply_schedules([uxs.constant(1.0), "a"]), TypeError, "must hold schedules (callables), got 'a'"),
+    (lambda: uxs.swalr(1.0, 0.1, anneal_strategy="cosine"), ValueError,
+     "swalr(anneal_strategy='cosine'): anneal_strategy must be 'cos' or 'linear'"),
+    (lambda: uxs.swalr(1.0, 0.1, anneal_steps=-1), ValueError, "swalr(anneal_steps=-1)"),
+    (lambda: uxs.power_decay_rate(0.0), ValueError, "power_decay_rate(exponent=0.0): exponent must be in (0, inf)"),
+    (lambda: uxs.power_decay_rate(max_value=1.5), ValueError,
+     "power_decay_rate(max_value=1.5): max_value must be in (0, 1]"),
     (lambda: uxs.sgdr([dict(init_value=0, peak_value=1, warmup_steps=5, decay_steps=3)]), ValueError,
      "warmup_cosine_decay(decay_steps=3)"),
 ]
@@ -558,3 +733,49 @@ def test_ramps_are_exact_where_they_begin_and_end(schedule, exact):
     for count, value in exact.items():
         assert schedule(count) == np.float32(value), count
         assert jitted(schedule, jnp.int32(count)) == np.float32(value), count
+
+
+
+# --------------------------------------------------------------------------
+# The schedules of torch and current practice, beyond the closed forms
+
+
+def test_warm_restarts_start_each_cycle_exactly_where_float32_logs_round():
+    """The cycle comes from a logarithm; at the restarts of long runs (counts up to 2**20) float32's log lands on
+    either side of the integer: the value there is init_value exactly, one step before it the cycle's last step."""
+    sched = uxs.cosine_warm_restarts(1.0, period=3, period_mult=2, end_value=0.0)
+    starts = np.array([3 * (2**i - 1) for i in range(1, 19)])
+    for fn in (sched, jax.jit(sched)):
+        np.testing.assert_array_equal(np.asarray(fn(jnp.asarray(starts, jnp.int32))), 1.0)
+        last = np.asarray(fn(jnp.asarray(starts - 1, jnp.int32)))
+        lengths = 3 * 2.0 ** np.arange(0, 18)  # the cycle that ends there
+        np.testing.assert_allclose(last, (1 + np.cos(np.pi * (lengths - 1) / lengths)) / 2, rtol=1e-4, atol=2e-7)
+
+
+def test_multiplicative_takes_a_plain_function_and_a_traced_count():
+    sched = uxs.multiplicative(2.0, _plain_halving)  # factor(k) = 0.5**k: the product is 0.5**(t(t+1)/2)
+    jitted = jax.jit(lambda c: sched(c))
+    for t in (0, 1, 4, 6):
+        assert float(jitted(jnp.int32(t))) == pytest.approx(2.0 * 0.5 ** (t * (t + 1) / 2), rel=1e-6)
+    assert repr(sched) == "multiplicative(init_value=2.0, factor_fn=test_schedules._plain_halving)"
+
+
+def test_power_decay_rate_is_adams_b2_as_palm_uses_it():
+    """scale_by_adam(b2=power_decay_rate()) against Adam written out with PaLM's b2_k = 1 - k^-0.8 (float64)."""
+    b1, eps = 0.9, 1e-8
+    opt = ux.scale_by_adam(b1=b1, b2=uxs.power_decay_rate(0.8), eps=eps, eps_root=0.0)
+    rng = np.random.default_rng(0)
+    grads = [{"a": rng.normal(size=3), "b": [rng.normal(size=(2, 2))]} for _ in range(20)]
+    state = opt.init(jax.tree.map(jnp.asarray, grads[0]))
+    m = jax.tree.map(np.zeros_like, grads[0])
+    v = jax.tree.map(np.zeros_like, grads[0])
+    step = jax.jit(opt.update)
+    for k, g in enumerate(grads, start=1):
+        b2 = 1 - k**-0.8
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+        want = jax.tree.map(lambda m, v: (m / (1 - b1**k)) / (np.sqrt(v / (1 - b2**k)) + eps), m, v)
+        with jax.numpy_dtype_promotion("standard"):
+            got, state = step(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g), state)
+        for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,19 +37,26 @@ __all__ = [
     "constant",
     "cosine_decay",
     "cosine_onecycle",
+    "cosine_warm_restarts",
+    "cyclic",
     "exponential_decay",
     "join_schedules",
     "linear_decay",
     "linear_onecycle",
     "linear_schedule",
+    "multiplicative",
+    "multiply_schedules",
     "piecewise_constant",
     "piecewise_interpolate",
     "polynomial_decay",
+    "power_decay_rate",
     "relative_step",
     "sgdr",
+    "swalr",
     "warmup_constant",
     "warmup_cosine_decay",
     "warmup_exponential_decay",
+    "warmup_stable_decay",
 ]
 
 
@@ -1167,3 +1175,471 @@ class relative_step(Schedule):
 
     def __call__(self, count: ArrayLike) -> jax.Array:
         return jnp.minimum(_real(self.max_value), jax.lax.rsqrt(_real(count) + 1.0))
+
+
+# --------------------------------------------------------------------------
+# Current practice and torch.optim.lr_scheduler's schedules
+
+
+_COOLDOWNS = ("linear", "cosine", "1-sqrt")
+
+
+class warmup_stable_decay(Schedule):
+    r"""Warmup-stable-decay (WSD): a linear warmup, a constant stretch at ``peak_value``, then a cooldown.
+
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{peak}$ = ``peak_value``,
+    $\eta_\text{end}$ = ``end_value``, $w$ = ``warmup_steps``, $s$ = ``stable_steps``, $c$ = ``cooldown_steps``
+    and $p = (t - w - s) / c$ the fraction of the cooldown done:
+
+    $$
+    \begin{align*}
+    \eta(t) &= \eta_\text{init}\, (1 - t/w) + \eta_\text{peak}\, t/w && \text{if } t < w \\
+    \eta(t) &= \eta_\text{peak} && \text{if } w \le t < w + s \\
+    \eta(t) &= \eta_\text{end} + (\eta_\text{peak} - \eta_\text{end})\, f(p) && \text{if } w + s \le t < w + s + c \\
+    \eta(t) &= \eta_\text{end} && \text{otherwise}
+    \end{align*}
+    $$
+
+    with the cooldown's shape $f(p) = 1 - p$ (``'linear'``), $\tfrac{1}{2} (1 + \cos(\pi p))$ (``'cosine'``)
+    or $1 - \sqrt{p}$ (``'1-sqrt'``, the one Hägele et al. find best).
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        peak_value: the value from the end of the warmup to the start of the
+            cooldown, any real number. No default.
+        warmup_steps: the warmup steps, a non-negative integer (0: the peak
+            from step 0). No default.
+        stable_steps: the steps at ``peak_value``, a non-negative integer.
+            No default.
+        cooldown_steps: the steps of the cooldown, a positive integer.
+            No default.
+        end_value: the value from step ``warmup_steps + stable_steps +
+            cooldown_steps`` on, any real number. Default: ``0.0``.
+        cooldown_type: ``'linear'``, ``'cosine'`` or ``'1-sqrt'`` (static).
+            Default: ``'linear'``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.warmup_stable_decay(0.0, 1.0, warmup_steps=2, stable_steps=2, cooldown_steps=4,
+        ...                                 cooldown_type="1-sqrt")
+        >>> [round(float(sched(t)), 4) for t in range(10)]
+        [0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.2929, 0.134, 0.0, 0.0]
+
+    References:
+        Hägele et al., "Scaling Laws and Compute-Optimal Training Beyond Fixed
+        Training Durations", NeurIPS 2024. https://arxiv.org/abs/2405.18392
+        Hu et al., "MiniCPM: Unveiling the Potential of Small Language Models
+        with Scalable Training Strategies", 2024. https://arxiv.org/abs/2404.06395
+    """
+
+    init_value: Scalar
+    peak_value: Scalar
+    warmup_steps: int
+    stable_steps: int
+    cooldown_steps: int
+    end_value: Scalar
+    cooldown_type: str
+
+    _static = ("cooldown_type",)
+
+    def __init__(self, init_value: Scalar, peak_value: Scalar, warmup_steps: int, stable_steps: int,
+                 cooldown_steps: int, end_value: Scalar = 0.0, cooldown_type: str = "linear") -> None:
+        call = "warmup_stable_decay"
+        if cooldown_type not in _COOLDOWNS:
+            check.fail(call, "cooldown_type", cooldown_type, "must be 'linear', 'cosine' or '1-sqrt'")
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  peak_value=check.number(call, "peak_value", peak_value),
+                  warmup_steps=check.integer(call, "warmup_steps", warmup_steps, 0),
+                  stable_steps=check.integer(call, "stable_steps", stable_steps, 0),
+                  cooldown_steps=check.positive_int(call, "cooldown_steps", cooldown_steps),
+                  end_value=check.number(call, "end_value", end_value), cooldown_type=cooldown_type)
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        t, peak, end = _real(count), _real(self.peak_value), _real(self.end_value)
+        warmup, cooldown = _real(self.warmup_steps), _real(self.cooldown_steps)
+        done = jnp.clip(t - warmup - _real(self.stable_steps), 0, cooldown) / cooldown
+        if self.cooldown_type == "linear":
+            left = 1 - done
+        elif self.cooldown_type == "cosine":
+            left = 0.5 * (1 + jnp.cos(jnp.pi * done))
+        else:
+            left = 1 - jnp.sqrt(done)
+        # exact at both ends of the cooldown: the peak where nothing is done, the end value where all is
+        decay = jnp.where(done == 0, peak, jnp.where(done == 1, end, _lerp(end, peak, left)))
+        return jnp.where(t < warmup, _warmup(t, _real(self.init_value), peak, warmup), decay)
+
+
+_CYCLIC_MODES = ("triangular", "triangular2", "exp_range")
+
+
+class cyclic(Schedule):
+    r"""Cyclical learning rates (torch's ``CyclicLR``): a triangle wave between two values.
+
+    Formula, with $\eta_\text{base}$ = ``base_value``, $\eta_\text{max}$ = ``max_value``, $u$ =
+    ``step_size_up``, $d$ = ``step_size_down``, $n = u + d$ the cycle's length, $r = u / n$, the cycle
+    $k = \lfloor 1 + t/n \rfloor$ and $x = 1 + t/n - k$ the position in it:
+
+    $$
+    \begin{align*}
+    h &= x / r && \text{if } x \le r \\
+    h &= (x - 1) / (r - 1) && \text{otherwise} \\
+    \eta(t) &= \eta_\text{base} + (\eta_\text{max} - \eta_\text{base})\, h\, \sigma
+    \end{align*}
+    $$
+
+    with the amplitude's scale $\sigma = 1$ (``'triangular'``), $\sigma = 2^{-(k - 1)}$ (``'triangular2'``: halved
+    every cycle) or $\sigma = \gamma^t$ (``'exp_range'``, $\gamma$ = ``gamma``).
+
+    Args:
+        base_value: the low end of the cycle and the value at step 0 (torch's
+            ``base_lr``), any real number. No default.
+        max_value: the high end (torch's ``max_lr``), any real number.
+            No default.
+        step_size_up: the steps from ``base_value`` up to ``max_value``, a
+            positive integer. Default: ``2000``.
+        step_size_down: the steps back down, a positive integer; None for
+            ``step_size_up``. Default: ``None``.
+        mode: ``'triangular'``, ``'triangular2'`` or ``'exp_range'`` (static).
+            Default: ``'triangular'``.
+        gamma: the factor per step of ``'exp_range'``'s amplitude, in (0, 1]
+            (the other modes ignore it). Default: ``1.0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.cyclic(0.0, 1.0, step_size_up=2, mode="triangular2")
+        >>> [round(float(sched(t)), 4) for t in range(10)]
+        [0.0, 0.5, 1.0, 0.5, 0.0, 0.25, 0.5, 0.25, 0.0, 0.125]
+
+    References:
+        Smith, "Cyclical Learning Rates for Training Neural Networks", WACV
+        2017. https://arxiv.org/abs/1506.01186 torch.optim.lr_scheduler.CyclicLR.
+    """
+
+    base_value: Scalar
+    max_value: Scalar
+    step_size_up: int
+    step_size_down: int | None
+    mode: str
+    gamma: Scalar
+
+    _static = ("mode",)
+
+    def __init__(self, base_value: Scalar, max_value: Scalar, step_size_up: int = 2000,
+                 step_size_down: int | None = None, mode: str = "triangular", gamma: Scalar = 1.0) -> None:
+        call = "cyclic"
+        if mode not in _CYCLIC_MODES:
+            check.fail(call, "mode", mode, "must be 'triangular', 'triangular2' or 'exp_range'")
+        self._set(base_value=check.number(call, "base_value", base_value),
+                  max_value=check.number(call, "max_value", max_value),
+                  step_size_up=check.positive_int(call, "step_size_up", step_size_up),
+                  step_size_down=None if step_size_down is None else check.positive_int(call, "step_size_down",
+                                                                                        step_size_down),
+                  mode=mode, gamma=check.number(call, "gamma", gamma, 0.0, 1.0, lo_open=True))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        t = _real(count)
+        up = _real(self.step_size_up)
+        length = up + _real(self.step_size_up if self.step_size_down is None else self.step_size_down)
+        cycles = jnp.floor(t / length)  # k - 1, whole cycles done
+        x = (t - cycles * length) / length  # exact where t/n + 1 - k rounds
+        ratio = up / length
+        height = jnp.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
+        if self.mode == "triangular2":
+            height = height * 0.5**cycles
+        elif self.mode == "exp_range":
+            height = height * _real(self.gamma) ** t
+        return _lerp(_real(self.base_value), _real(self.max_value), height)
+
+
+class cosine_warm_restarts(Schedule):
+    r"""Cosine annealing with warm restarts whose period grows (torch's ``CosineAnnealingWarmRestarts``).
+
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{end}$ = ``end_value``, $T_0$ = ``period``
+    and $m$ = ``period_mult``: cycle $i = 0, 1, \dots$ lasts $T_i = T_0 m^i$ steps and starts at
+    $S_i = \sum_{j < i} T_j$; in it, with $t_\text{cur} = t - S_i$,
+
+    $$
+    \eta(t) = \eta_\text{end} + (\eta_\text{init} - \eta_\text{end})\, \tfrac{1}{2}
+        \left(1 + \cos(\pi\, t_\text{cur} / T_i)\right)
+    $$
+
+    so every cycle starts at $\eta_\text{init}$ and it never ends. :class:`sgdr` runs a given,
+    finite list of cycles, each with its own warmup.
+
+    Args:
+        init_value: the value at the start of every cycle (torch's initial
+            learning rate), any real number. No default.
+        period: the length $T_0$ of the first cycle (torch's ``T_0``), a
+            positive integer. No default.
+        period_mult: the factor $m$ by which each cycle is longer than the
+            one before (torch's ``T_mult``), a positive integer (static).
+            Default: ``1``.
+        end_value: the value each cycle decays towards (torch's
+            ``eta_min``), any real number. Default: ``0.0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.cosine_warm_restarts(1.0, period=2, period_mult=2)
+        >>> [round(float(sched(t)), 4) for t in range(8)]
+        [1.0, 0.5, 1.0, 0.8536, 0.5, 0.1464, 1.0, 0.9619]
+
+    References:
+        Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm
+        Restarts", ICLR 2017. https://arxiv.org/abs/1608.03983
+        torch.optim.lr_scheduler.CosineAnnealingWarmRestarts.
+    """
+
+    init_value: Scalar
+    period: int
+    period_mult: int
+    end_value: Scalar
+
+    _static = ("period_mult",)
+
+    def __init__(self, init_value: Scalar, period: int, period_mult: int = 1, end_value: Scalar = 0.0) -> None:
+        call = "cosine_warm_restarts"
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  period=check.positive_int(call, "period", period),
+                  period_mult=check.positive_int(call, "period_mult", period_mult),
+                  end_value=check.number(call, "end_value", end_value))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        t, first, m = _real(count), _real(self.period), self.period_mult
+        if m == 1:
+            cycle = jnp.floor(t / first)
+            start, length = cycle * first, first
+        else:
+            # the cycle from the closed form of S_i, then moved by one where float32's log rounded across a start
+            cycle = jnp.floor(jnp.log1p(t * (m - 1) / first) / math.log(m))
+            start_of = lambda i: first * (m**i - 1) / (m - 1)  # noqa: E731
+            cycle = jnp.where(start_of(cycle) > t, cycle - 1, cycle)
+            cycle = jnp.where(start_of(cycle + 1) <= t, cycle + 1, cycle)
+            start, length = start_of(cycle), first * m**cycle
+        cos = 0.5 * (1 + jnp.cos(jnp.pi * (t - start) / length))
+        return _lerp(_real(self.end_value), _real(self.init_value), cos)
+
+
+class multiplicative(Schedule):
+    r"""Each step multiplies the value by a factor (torch's ``MultiplicativeLR``).
+
+    Formula, with $\eta_\text{init}$ = ``init_value`` and $f$ = ``factor_fn``:
+
+    $$
+    \eta(t) = \eta_\text{init} \prod_{k=1}^{t} f(k)
+    $$
+
+    A call runs a loop of $t$ steps (a ``jax.lax.fori_loop``): for a factor that does not depend on
+    the step, :class:`exponential_decay` (``transition_steps=1``) gives the same values at once.
+
+    Args:
+        init_value: the value at step 0, any real number. No default.
+        factor_fn: a jittable function ``step -> factor`` (torch's
+            ``lr_lambda``), called with the steps 1, ..., t; a schedule object
+            is a pytree child, a plain function static structure (it must be
+            hashable). No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.multiplicative(1.0, uxs.piecewise_constant(0.5, {3: 1.0}))
+        >>> [round(float(sched(t)), 4) for t in range(6)]
+        [1.0, 0.5, 0.25, 0.25, 0.25, 0.25]
+
+    References:
+        torch.optim.lr_scheduler.MultiplicativeLR.
+    """
+
+    init_value: Scalar
+    factor_fn: Any
+
+    def __init__(self, init_value: Scalar, factor_fn: ScheduleLike) -> None:
+        call = "multiplicative"
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  factor_fn=_schedule_like(call, "factor_fn", factor_fn))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        count = jnp.asarray(count)
+
+        def step(k, product):
+            return jnp.where(k <= count, product * _real(self.factor_fn(k)), product)
+
+        last = jnp.max(count) if count.ndim else count
+        ones = jnp.ones(count.shape, jnp.float32)
+        return _real(self.init_value) * jax.lax.fori_loop(jnp.ones_like(last), last + 1, step, ones)
+
+
+class multiply_schedules(Schedule):
+    r"""The product of schedules: torch's ``ChainedScheduler`` of schedulers that each multiply the rate.
+
+    Formula, with $s_i$ = ``schedules[i]``: $\eta(t) = \prod_i s_i(t)$.
+
+    To port a ``ChainedScheduler``, write each torch scheduler as the schedule of its factor (1 at
+    step 0) and add the initial learning rate as a ``constant``:
+    ``ChainedScheduler([ConstantLR(opt, factor=0.1, total_iters=2), ExponentialLR(opt, gamma=0.9)])`` with
+    learning rate 1 is ``multiply_schedules([constant(1.0), piecewise_constant(0.1, {2: 1.0}),
+    exponential_decay(1.0, decay_rate=0.9, transition_steps=1)])``.
+
+    Args:
+        schedules: a non-empty sequence of schedules. Schedule objects are
+            pytree children; plain functions ``count -> value`` are static
+            structure and must be hashable. No default.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.multiply_schedules([uxs.constant(2.0), uxs.piecewise_constant(0.1, {2: 1.0}),
+        ...                                 uxs.exponential_decay(1.0, decay_rate=0.5, transition_steps=1)])
+        >>> [round(float(sched(t)), 4) for t in range(5)]
+        [0.2, 0.1, 0.5, 0.25, 0.125]
+
+    References:
+        torch.optim.lr_scheduler.ChainedScheduler.
+    """
+
+    schedules: tuple[Schedule, ...]
+
+    def __init__(self, schedules: Sequence[ScheduleLike]) -> None:
+        call = "multiply_schedules"
+        if not isinstance(schedules, (list, tuple)) or not schedules:
+            check.fail(call, "schedules", schedules, "must be a non-empty list of schedules")
+        self._set(schedules=tuple(_schedule_like(call, "schedules", fn) for fn in schedules))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        value = _real(self.schedules[0](count))
+        for schedule in self.schedules[1:]:
+            value = value * _real(schedule(count))
+        return value
+
+
+class swalr(Schedule):
+    r"""SWA's learning rate (torch's ``SWALR``): annealed from ``init_value`` to ``swa_value``, then held.
+
+    Formula, with $\eta_\text{init}$ = ``init_value``, $\eta_\text{swa}$ = ``swa_value``, $k$ =
+    ``anneal_steps`` and $p = \min(t / k, 1)$ ($p = 1$ when $k = 0$):
+
+    $$
+    \eta(t) = \eta_\text{swa}\, a(p) + \eta_\text{init}\, (1 - a(p))
+    $$
+
+    with $a(p) = \tfrac{1}{2} (1 - \cos(\pi p))$ (``'cos'``) or $a(p) = p$ (``'linear'``). To start it
+    at SWA's first step ``swa_start`` after another schedule, join them:
+    ``join_schedules([schedule, swalr(...)], [swa_start])``.
+
+    Args:
+        init_value: the value annealing starts from (torch: the optimizer's
+            learning rate when SWA starts), any real number. No default.
+        swa_value: the value annealed to and held (torch's ``swa_lr``), any
+            real number. No default.
+        anneal_steps: the steps of the annealing (torch's ``anneal_epochs``,
+            counted in the steps the schedule is called at), a non-negative
+            integer. Default: ``10``.
+        anneal_strategy: ``'cos'`` or ``'linear'`` (static). Default: ``'cos'``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.swalr(1.0, 0.2, anneal_steps=2, anneal_strategy="linear")
+        >>> [round(float(sched(t)), 4) for t in range(4)]
+        [1.0, 0.6, 0.2, 0.2]
+
+    References:
+        Izmailov et al., "Averaging Weights Leads to Wider Optima and Better
+        Generalization", UAI 2018. https://arxiv.org/abs/1803.05407
+        torch.optim.swa_utils.SWALR.
+    """
+
+    init_value: Scalar
+    swa_value: Scalar
+    anneal_steps: int
+    anneal_strategy: str
+
+    _static = ("anneal_strategy",)
+
+    def __init__(self, init_value: Scalar, swa_value: Scalar, anneal_steps: int = 10,
+                 anneal_strategy: str = "cos") -> None:
+        call = "swalr"
+        if anneal_strategy not in ("cos", "linear"):
+            check.fail(call, "anneal_strategy", anneal_strategy, "must be 'cos' or 'linear'")
+        self._set(init_value=check.number(call, "init_value", init_value),
+                  swa_value=check.number(call, "swa_value", swa_value),
+                  anneal_steps=check.integer(call, "anneal_steps", anneal_steps, 0), anneal_strategy=anneal_strategy)
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        t, steps = _real(count), _real(self.anneal_steps)
+        p = jnp.where(steps == 0, 1.0, jnp.minimum(t / jnp.maximum(steps, 1), 1.0))
+        a = p if self.anneal_strategy == "linear" else jnp.where(p == 1, 1.0, 0.5 * (1 - jnp.cos(jnp.pi * p)))
+        return _lerp(_real(self.init_value), _real(self.swa_value), a)
+
+
+class power_decay_rate(Schedule):
+    r"""A decay rate that rises to 1 as $1 - (t + 1)^{-c}$: Adafactor's and PaLM's second-moment decay.
+
+    Formula, with $c$ = ``exponent`` and $\beta_\text{max}$ = ``max_value``:
+
+    $$
+    \beta(t) = \min\left(\beta_\text{max},\ 1 - (t + 1)^{-c}\right)
+    $$
+
+    the paper's $1 - k^{-c}$ at its step $k = t + 1$ (so 0 on the first step: the first second moment
+    is the first squared gradient). Pass it as a decay rate, e.g. ``scale_by_adam(b2=power_decay_rate())``
+    (PaLM's $\beta_2 = 1 - k^{-0.8}$); ``scale_by_factored_rms`` and ``adafactor`` build it in from their
+    ``decay_rate``, the exponent.
+
+    Args:
+        exponent: $c$, > 0. Default: ``0.8``.
+        max_value: the cap $\beta_\text{max}$, in (0, 1]. Default: ``1.0``.
+
+    Returns:
+        A schedule ``count -> value`` (float32).
+
+    Example:
+        >>> import updax.schedules as uxs
+        >>> sched = uxs.power_decay_rate()
+        >>> [round(float(sched(t)), 4) for t in (0, 1, 9, 999)]
+        [0.0, 0.4257, 0.8415, 0.996]
+
+    References:
+        Chowdhery et al., "PaLM: Scaling Language Modeling with Pathways",
+        2022, section 5. https://arxiv.org/abs/2204.02311 Shazeer & Stern,
+        "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", ICML
+        2018, section 7. https://arxiv.org/abs/1804.04235
+    """
+
+    exponent: Scalar
+    max_value: Scalar
+
+    def __init__(self, exponent: Scalar = 0.8, max_value: Scalar = 1.0) -> None:
+        call = "power_decay_rate"
+        self._set(exponent=check.number(call, "exponent", exponent, 0.0, lo_open=True),
+                  max_value=check.number(call, "max_value", max_value, 0.0, 1.0, lo_open=True))
+
+    def __call__(self, count: ArrayLike) -> jax.Array:
+        return jnp.minimum(_real(self.max_value), 1.0 - (_real(count) + 1.0) ** -_real(self.exponent))
+
+
+def _schedule_like(call, name, fn):
+    """A schedule object as it is, a plain hashable function wrapped as static structure."""
+    if isinstance(fn, Schedule):
+        return fn
+    if not callable(fn):
+        check.fail(call, name, fn, f"must hold schedules (callables), got {fn!r}", TypeError)
+    try:
+        hash(fn)
+    except TypeError:
+        check.fail(call, name, fn, f"must hold hashable functions, got {fn!r}", TypeError)
+    return _Function(fn)

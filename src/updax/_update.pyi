@@ -232,6 +232,7 @@ class Update:
         cooldown: int = 0,
         accumulation_size: int = 1,
         min_scale: ScalarOrSchedule = 0.0,
+        mode: str = 'min',
     ) -> Update:
         """Multiplies updates by a factor that drops when the reported loss stops improving. See
         :func:`updax.reduce_on_plateau`."""
@@ -247,6 +248,18 @@ class Update:
         See :func:`updax.sam`."""
     def scale(self, step_size: ScalarOrSchedule) -> Update:
         """Multiplies updates by a fixed step size. See :func:`updax.scale`."""
+    def scale_by_acprop(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-16,
+        eps_root: ScalarOrSchedule = 1e-16,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by ACProp: AdaBelief's centred second moment, read one step late. See
+        :func:`updax.scale_by_acprop`."""
     def scale_by_adadelta(
         self,
         rho: ScalarOrSchedule = 0.9,
@@ -398,6 +411,17 @@ class Update:
     ) -> Update:
         """Scales updates by Adafactor's factored estimate of their root mean square. See
         :func:`updax.scale_by_factored_rms`."""
+    def scale_by_laprop(
+        self,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-15,
+        *,
+        mu_dtype: DType = None,
+        nu_dtype: DType = None,
+    ) -> Update:
+        """Scales updates by LaProp: the momentum of the updates normalised by their second moment. See
+        :func:`updax.scale_by_laprop`."""
     def scale_by_lbfgs(self, memory_size: int = 10, scale_init_precond: bool = True) -> Update:
         """Multiplies updates by the L-BFGS approximation of the inverse Hessian. See
         :func:`updax.scale_by_lbfgs`."""
@@ -413,6 +437,14 @@ class Update:
     ) -> Update:
         """Scales updates to the sign of an interpolation of momentum and update (Lion). See
         :func:`updax.scale_by_lion`."""
+    def scale_by_madgrad(
+        self,
+        learning_rate: ScalarOrSchedule = 0.01,
+        momentum: ScalarOrSchedule = 0.9,
+        eps: ScalarOrSchedule = 1e-06,
+    ) -> Update:
+        """Scales updates by MADGRAD: momentumised dual averaging with a cube-root adaptive denominator. See
+        :func:`updax.scale_by_madgrad`."""
     def scale_by_mars(
         self,
         gamma: ScalarOrSchedule = 0.025,

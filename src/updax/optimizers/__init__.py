@@ -20,19 +20,20 @@ from updax.optimizers._adam import (
     schedule_free_adamw,
     yogi,
 )
-from updax.optimizers._adam_variants import ademamix, adopt, simplified_ademamix
+from updax.optimizers._adam_variants import acprop, ademamix, adopt, laprop, simplified_ademamix
+from updax.optimizers._dual_averaging import madgrad
 from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
 from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
 from updax.optimizers._mars import mars_adamw, mars_lion
-from updax.optimizers._optimistic import optimistic_adam, optimistic_gradient_descent
+from updax.optimizers._optimistic import optimistic_adam, optimistic_adam_v2, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon, normuon
 from updax.optimizers._privacy import dpsgd
 from updax.optimizers._psgd import psgd_kron
 from updax.optimizers._rms import adadelta, adagrad, rmsprop
 from updax.optimizers._shampoo import shampoo
-from updax.optimizers._sgd import noisy_sgd, sgd
+from updax.optimizers._sgd import noisy_sgd, schedule_free_sgd, sgd
 from updax.optimizers._sign import lion, rprop, sign_sgd, signum
 from updax.optimizers._soap import soap
 from updax.optimizers._sophia import sophia
@@ -54,4 +55,7 @@ __all__ = [
     "shampoo",
     "psgd_kron",
     "sophia",
+    "madgrad",
+    "laprop", "acprop",
+    "schedule_free_sgd", "optimistic_adam_v2",
 ]

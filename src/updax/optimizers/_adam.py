@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from updax import _validate as check
-from updax import schedules
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.optimizers._common import maximized, optimizer
+from updax.optimizers._common import maximized, optimizer, warmed_up
 from updax.updates import (
     scale_by_adam,
     scale_by_adamax,
@@ -510,11 +508,7 @@ def schedule_free_adamw(learning_rate: ScalarOrSchedule = 2.5e-3, warmup_steps: 
         Defazio et al., "The Road Less Scheduled", NeurIPS 2024.
         https://arxiv.org/abs/2405.15682
     """
-    if warmup_steps is not None:  # the warm-up is a schedule to a peak: the peak must be a number
-        call = "schedule_free_adamw"
-        check.positive_int(call, "warmup_steps", warmup_steps)
-        peak = check.number(call, "learning_rate", learning_rate)
-        learning_rate = schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)
+    learning_rate = warmed_up("schedule_free_adamw", learning_rate, warmup_steps)
     # Adam without momentum, without Adam's first-moment state (which would hold g: a params-sized field read
     # and written every step for nothing).
     inner = (scale_by_rms(decay=b2, eps=eps, eps_in_sqrt=False, bias_correction=True)

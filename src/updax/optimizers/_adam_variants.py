@@ -1,4 +1,4 @@
-"""Optimizers of the recent Adam variants: ADOPT, AdEMAMix and simplified AdEMAMix."""
+"""Optimizers of the recent Adam variants: ADOPT, AdEMAMix, simplified AdEMAMix, LaProp and ACProp."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.optimizers._common import maximized, optimizer
 from updax.updates import (
+    scale_by_acprop,
     scale_by_ademamix,
     scale_by_adopt,
+    scale_by_laprop,
     scale_by_simplified_ademamix,
 )
 
@@ -154,6 +156,109 @@ def simplified_ademamix(learning_rate: ScalarOrSchedule = 1e-5, b1: ScalarOrSche
     """
     pipeline = (scale_by_simplified_ademamix(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
                                              nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
+
+
+@optimizer
+def laprop(learning_rate: ScalarOrSchedule = 4e-4, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+           eps: ScalarOrSchedule = 1e-15, decay: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+           nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+           cautious_decay: bool = False, maximize: bool = False) -> Update:
+    """LaProp: the momentum of the gradients divided by the root of their second moment.
+
+    Pipeline: ``scale_by_laprop(b1, b2, eps) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``:
+    the paper's Algorithm 1, with decoupled weight decay (as in the authors'
+    code). The authors' code folds the learning rate into the momentum, so
+    that a changing rate weighs past steps by the rate they were taken with;
+    here, as in the paper, the rate scales the step: with a constant rate the
+    two agree.
+
+    Args:
+        learning_rate: a number >= 0 or a schedule (the authors' 4e-4). Default: ``0.0004``.
+        b1: momentum decay. Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the denominator. Default: ``1e-15``.
+        decay: decoupled weight decay. Default: ``0.0``.
+        mu_dtype: storage dtype of the momentum. Default: ``None``.
+        nu_dtype: storage dtype of the second moment. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.laprop()
+        scale_by_laprop(b1=0.9, b2=0.999, eps=1e-15) |> add_decayed_weights(decay=0.0) |> scale_by_learning_rate(learning_rate=0.0004)
+
+    References:
+        Ziyin, Wang & Ueda, "LaProp: Separating Momentum and Adaptivity in
+        Adam", 2020. https://arxiv.org/abs/2002.04839
+    """
+    pipeline = (scale_by_laprop(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
+                .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
+                .scale_by_learning_rate(learning_rate))
+    return maximized(maximize, pipeline)
+
+
+@optimizer
+def acprop(learning_rate: ScalarOrSchedule = 1e-3, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+           eps: ScalarOrSchedule = 1e-16, eps_root: ScalarOrSchedule = 1e-16, decay: ScalarOrSchedule = 0.0, *,
+           mu_dtype: DType = None, nu_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+           cautious_decay: bool = False, maximize: bool = False) -> Update:
+    """ACProp: each gradient divided by AdaBelief's centred second moment as it was before that gradient.
+
+    Pipeline: ``scale_by_acprop(b1, b2, eps, eps_root) |> add_decayed_weights(decay)
+    |> scale_by_learning_rate(lr)``, as ``optax.contrib.acprop`` (whose
+    ``weight_decay`` is ``decay`` here). optax 0.2.8 centres on the previous
+    momentum where its documentation and the paper take the new one (see
+    :func:`updax.scale_by_acprop`); updax follows the documentation.
+
+    Args:
+        learning_rate: a number >= 0 or a schedule (the authors' 1e-3). Default: ``0.001``.
+        b1: momentum decay (it centres the second moment). Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the denominator. Default: ``1e-16``.
+        eps_root: added to the second moment each step. Default: ``1e-16``.
+        decay: decoupled weight decay. Default: ``0.0``.
+        mu_dtype: storage dtype of the momentum. Default: ``None``.
+        nu_dtype: storage dtype of the second moment. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
+        cautious_decay: decay a coordinate only where the update and the
+            param agree in sign (cautious weight decay,
+            ``add_decayed_weights(cautious=True)``); prints only when True.
+            Default: ``False``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.acprop()
+        scale_by_acprop(b1=0.9, b2=0.999, eps=1e-16, eps_root=1e-16) |> add_decayed_weights(decay=0.0) |> scale_by_learning_rate(learning_rate=0.001)
+
+    References:
+        Zhuang et al., "Momentum Centering and Asynchronous Update for
+        Adaptive Gradient Methods", NeurIPS 2021.
+        https://arxiv.org/abs/2110.05454
+    """
+    pipeline = (scale_by_acprop(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype)
                 .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)

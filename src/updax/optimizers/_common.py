@@ -7,13 +7,15 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from updax import _validate as check
+from updax import schedules
 from updax._domains import LEARNING_RATE, Flag
 from updax._hints import check_keywords
 from updax._primitives import compose
 from updax._update import Update
 from updax.updates import scale
 
-__all__ = ["maximized", "optimizer"]
+__all__ = ["maximized", "optimizer", "warmed_up"]
 
 
 def optimizer(fn: Callable[..., Update]) -> Callable[..., Update]:
@@ -41,3 +43,13 @@ def maximized(maximize: bool, opt: Update) -> Update:
     PyTorch's ``maximize=True`` does (maximising f is minimising -f: decoupled weight decay still decays,
     and the learning rate stays positive)."""
     return compose(scale(-1.0), opt) if Flag().check("optimizer", "maximize", maximize) else opt
+
+
+def warmed_up(call: str, learning_rate: Any, warmup_steps: int | None) -> Any:
+    """``learning_rate``, or with ``warmup_steps`` a linear warm-up from 0 to it over that many steps, then it
+    (the schedule-free optimizers' ``warmup_steps``): the peak must then be a number."""
+    if warmup_steps is None:
+        return learning_rate
+    check.positive_int(call, "warmup_steps", warmup_steps)
+    peak = check.number(call, "learning_rate", learning_rate)
+    return schedules.polynomial_decay(0.0, end_value=peak, power=1.0, transition_steps=warmup_steps)

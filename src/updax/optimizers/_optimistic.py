@@ -1,4 +1,4 @@
-"""Optimistic methods for min-max problems: optimistic gradient descent and Optimistic Adam."""
+"""Optimistic methods for min-max problems: optimistic gradient descent and Optimistic Adam (two spellings)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,46 @@ def optimistic_adam(learning_rate: ScalarOrSchedule = 1e-3, alpha: ScalarOrSched
                              nesterov=nesterov).scale_by_optimistic_gradient(alpha=alpha, beta=beta).scale_by_learning_rate(
             learning_rate)
     return maximized(maximize, pipeline)
+
+
+@optimizer
+def optimistic_adam_v2(learning_rate: ScalarOrSchedule = 1e-3, *, alpha: ScalarOrSchedule = 1.0,
+                       beta: ScalarOrSchedule = 1.0, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+                       eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, mu_dtype: DType = None,
+                       nu_dtype: DType = None, nesterov: bool = True, maximize: bool = False) -> Update:
+    r"""Optimistic Adam as optax's ``optimistic_adam_v2`` spells it: keyword options, Nesterov by default.
+
+    The same pipeline as :func:`optimistic_adam`, ``scale_by_adam(b1, b2, eps, eps_root, nesterov)
+    |> scale_by_optimistic_gradient(alpha, beta) |> scale_by_learning_rate(learning_rate)``, with
+    optax's signature: every option after the learning rate is a keyword, and
+    ``nesterov`` is True (``optimistic_adam``'s is False, as in the paper).
+
+    Args:
+        learning_rate: a number >= 0 or a schedule. Default: ``0.001``.
+        alpha: the weight of the current direction. Default: ``1.0``.
+        beta: the optimism (negative momentum). Default: ``1.0``.
+        b1: first-moment decay. Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the denominator. Default: ``1e-08``.
+        eps_root: added inside the square root. Default: ``0.0``.
+        mu_dtype: storage dtype of the first moment. Default: ``None``.
+        nu_dtype: storage dtype of the second moment. Default: ``None``.
+        nesterov: Nesterov's look-ahead first moment. Default: ``True``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
+
+    Returns:
+        An update object.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.optimistic_adam_v2(2e-4) == ux.optimizers.optimistic_adam(2e-4, nesterov=True)
+        True
+
+    References:
+        Daskalakis et al., "Training GANs with Optimism", ICLR 2018,
+        Algorithm 1. https://arxiv.org/abs/1711.00141
+    """
+    return optimistic_adam(learning_rate, alpha=alpha, beta=beta, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                           mu_dtype=mu_dtype, nu_dtype=nu_dtype, nesterov=nesterov, maximize=maximize)

@@ -1,14 +1,16 @@
-"""Stochastic gradient descent: plain, with (Nesterov) momentum, and with annealed gradient noise."""
+"""Stochastic gradient descent: plain, with (Nesterov) momentum, with annealed gradient noise, schedule-free."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 
 from updax import _validate as check
-from updax._typing import DType, ScalarOrSchedule
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
-from updax.optimizers._common import maximized, optimizer
-from updax.updates import add_noise, scale_by_learning_rate, trace
+from updax.optimizers._common import maximized, optimizer, warmed_up
+from updax.updates import add_decayed_weights, add_noise, scale_by_learning_rate, trace
 
 
 @optimizer
@@ -80,3 +82,54 @@ def noisy_sgd(learning_rate: ScalarOrSchedule = 1e-2, eta: ScalarOrSchedule = 0.
         Deep Networks", 2015. https://arxiv.org/abs/1511.06807
     """
     return maximized(maximize, add_noise(eta=eta, gamma=gamma, key=key).scale_by_learning_rate(learning_rate))
+
+
+@optimizer
+def schedule_free_sgd(learning_rate: ScalarOrSchedule = 1.0, warmup_steps: int | None = None, b1: float = 0.9,
+                      decay: ScalarOrSchedule = 0.0, weight_lr_power: ScalarOrSchedule = 2.0, *,
+                      state_dtype: DType = None, mask: PyTree | Callable[[PyTree], PyTree] | None = None,
+                      maximize: bool = False) -> Update:
+    """Schedule-free SGD: SGD wrapped in schedule-free averaging (optax's ``schedule_free_sgd``).
+
+    Pipeline: ``add_decayed_weights(decay) |> scale_by_learning_rate(lr)
+    |> schedule_free(lr, b1, weight_lr_power)``; with ``warmup_steps`` the
+    learning rate rises linearly from 0 over that many steps, then stays.
+    Evaluate at ``ux.schedule_free_eval_params(opt, state, params)``. optax's
+    ``weight_decay`` is ``decay`` here (its None is 0).
+
+    Args:
+        learning_rate: the peak learning rate (optax's 1.0), a number >= 0
+            or, without ``warmup_steps``, a schedule. Default: ``1.0``.
+        warmup_steps: length of the linear warm-up, or None. Default: ``None``.
+        b1: the interpolation weight, a number in (0, 1), not a schedule (see
+            :func:`updax.schedule_free`). Default: ``0.9``.
+        decay: weight decay added to the gradients at the interpolated
+            params (scaled by the learning rate, as in optax). Default: ``0.0``.
+        weight_lr_power: power of the learning rate in the averaging weights.
+            Default: ``2.0``.
+        state_dtype: storage dtype of the base iterate ``z``. Default: ``None``.
+        mask: which leaves decay: a pytree of bools shaped like the params (or
+            a prefix of it), or a function of the params returning one; None
+            decays every leaf. Default: ``None``.
+        maximize: ascend instead of descending (PyTorch's name): the
+            gradients are negated first, ``scale(-1.0)`` in front of
+            the pipeline. Default: ``False``.
+
+    Returns:
+        An update object; ``update`` needs ``params``.
+
+    Example:
+        >>> import updax as ux
+        >>> [s.label for s in ux.optimizers.schedule_free_sgd().stages]
+        ['schedule_free']
+        >>> ux.optimizers.schedule_free_sgd(0.5, warmup_steps=10).stages[0].option("learning_rate")
+        polynomial_decay(init_value=0.0, end_value=0.5, power=1.0, transition_steps=10, transition_begin=0)
+
+    References:
+        Defazio et al., "The Road Less Scheduled", NeurIPS 2024.
+        https://arxiv.org/abs/2405.15682
+    """
+    learning_rate = warmed_up("schedule_free_sgd", learning_rate, warmup_steps)
+    inner = add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate)
+    pipeline = inner.schedule_free(learning_rate, b1=b1, weight_lr_power=weight_lr_power, state_dtype=state_dtype)
+    return maximized(maximize, pipeline)

@@ -20,8 +20,10 @@ from updax.updates._adam import (
     scale_by_yogi,
 )
 from updax.updates._adam_variants import (
+    scale_by_acprop,
     scale_by_ademamix,
     scale_by_adopt,
+    scale_by_laprop,
     scale_by_simplified_ademamix,
 )
 from updax.updates._averaging import (
@@ -41,6 +43,7 @@ from updax.updates._clipping import (
     unitwise_clip,
 )
 from updax.updates._conditional import conditionally_mask, conditionally_transform
+from updax.updates._dual_averaging import scale_by_madgrad
 from updax.updates._factored import (
     clip_by_block_rms,
     scale_by_factored_rms,
@@ -153,6 +156,7 @@ __all__ = [
     "reduce_on_plateau",
     "sam",
     "scale",
+    "scale_by_acprop",
     "scale_by_adadelta",
     "scale_by_adam",
     "scale_by_adamax",
@@ -167,9 +171,11 @@ __all__ = [
     "scale_by_dog",
     "scale_by_dowg",
     "scale_by_factored_rms",
+    "scale_by_laprop",
     "scale_by_lbfgs",
     "scale_by_learning_rate",
     "scale_by_lion",
+    "scale_by_madgrad",
     "scale_by_mars",
     "scale_by_muon",
     "scale_by_nadam",

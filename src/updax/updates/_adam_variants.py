@@ -1,10 +1,13 @@
-"""Recent variants of Adam: ADOPT, AdEMAMix and simplified AdEMAMix.
+"""Recent variants of Adam: ADOPT, AdEMAMix, simplified AdEMAMix, LaProp and ACProp.
 
 ADOPT normalises each update by the second moment of the *previous*
 updates before averaging it; AdEMAMix adds a slow EMA of the updates to
 Adam's fast one; simplified AdEMAMix replaces both by one undamped sum of
-the updates plus a multiple of the current one. Defaults are the papers' or
-optax's (``optax.contrib``); each docstring says which.
+the updates plus a multiple of the current one; LaProp takes the momentum of
+the updates after dividing them by the root of their second moment; ACProp
+divides each update by AdaBelief's centred second moment as it was before
+that update. Defaults
+are the papers' or optax's (``optax.contrib``); each docstring says which.
 """
 
 from __future__ import annotations
@@ -341,3 +344,175 @@ def scale_by_simplified_ademamix(b1: ScalarOrSchedule = 0.99, b2: ScalarOrSchedu
     return _variant(_init_scale_by_simplified_ademamix, _apply_scale_by_simplified_ademamix,
                     "scale_by_simplified_ademamix",
                     dict(b1=b1, b2=b2, alpha=alpha, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
+
+
+# --------------------------------------------------------------------------
+# LaProp
+
+
+class ScaleByLapropState(NamedTuple):
+    """The momentum of the normalised updates ``mu``, the second moment of the updates ``nu``, steps taken
+    ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+def _init_scale_by_laprop(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByLapropState)
+
+
+def _apply_scale_by_laprop(updates, state, params, *, b1, b2, eps):
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    def rule(g, m, v):
+        v = b2 * v + (1 - b2) * abs_sq(g)
+        scale = safe_sqrt(v / c2) + eps
+        m = b1 * m + (1 - b1) * g / jnp.where(scale == 0, 1.0, scale)  # (v = 0 only where g = 0)
+        return m / c1, m, v
+
+    u, mu, nu = per_leaf("scale_by_laprop", rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByLapropState(mu=mu, nu=nu, count=count)
+
+
+@combinator
+def scale_by_laprop(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-15, *,
+                    mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+    r"""Scales updates by LaProp: the momentum of the updates normalised by their second moment.
+
+    Update rule, as in the paper (Algorithm 1), for an update $g$ at step $t$ (counting from 1), with $b_1$ =
+    ``b1``, $b_2$ = ``b2`` and $\epsilon$ = ``eps``:
+
+    $$
+    \begin{align*}
+    v &\gets b_2 v + (1 - b_2)\, g^2 \\
+    m &\gets b_1 m + (1 - b_1)\, \frac{g}{\sqrt{v / (1 - b_2^t)} + \epsilon} \\
+    u &= m / (1 - b_1^t)
+    \end{align*}
+    $$
+
+    Adam divides the momentum by the root of the second moment; LaProp takes
+    the momentum of the already divided updates, which decouples ``b1`` from
+    ``b2`` (any $b_1 \le 1$ and $b_2$ converge). Where $v = 0$ (the update and
+    its history are 0) the normalised update is 0, also with $\epsilon = 0$.
+
+    Args:
+        b1: decay of the momentum, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0 (the authors' code's 1e-15).
+            Default: ``1e-15``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but
+            at least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByLapropState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_laprop(eps=0.0)
+        >>> u, _ = opt.update({"w": jnp.array([0.5, -2.0])}, opt.init({"w": jnp.zeros(2)}))
+        >>> u["w"]  # the first step is g / |g|
+        Array([ 1., -1.], dtype=float32)
+
+    References:
+        Ziyin, Wang & Ueda, "LaProp: Separating Momentum and Adaptivity in
+        Adam", 2020. https://arxiv.org/abs/2002.04839
+    """
+    return _variant(_init_scale_by_laprop, _apply_scale_by_laprop, "scale_by_laprop",
+                    dict(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype, nu_dtype=nu_dtype))
+
+
+# --------------------------------------------------------------------------
+# ACProp
+
+
+class ScaleByAcpropState(NamedTuple):
+    """The momentum ``mu``, the second moment of the updates' deviations from it ``nu`` (AdaBelief's belief
+    term), steps taken ``count``."""
+
+    mu: Any
+    nu: NonNegativeField
+    count: Count
+
+
+def _init_scale_by_acprop(params, *, mu_dtype, nu_dtype):
+    return _adam_like_init(params, mu_dtype=mu_dtype, nu_dtype=nu_dtype, state=ScaleByAcpropState)
+
+
+def _apply_scale_by_acprop(updates, state, params, *, b1, b2, eps, eps_root):
+    first = state.count == 0  # no second moment yet: taken as 1
+    (c2,) = bias_corrections(state.count, b2)  # of the old nu, 1 - b2^(t-1)
+    c2 = jnp.where(first, 1.0, c2)
+
+    def rule(g, m, v):
+        scale = safe_sqrt(jnp.where(first, 1.0, v / c2)) + eps  # (the old v: the asynchronous step)
+        u = g / jnp.where(scale == 0, 1.0, scale)  # (0 only with eps = 0 and no deviation yet: g as it is)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * abs_sq(g - m) + eps_root
+        return u, m, v
+
+    u, mu, nu = per_leaf("scale_by_acprop", rule, (updates, state.mu, state.nu), ("updates", "state.mu", "state.nu"))
+    return u, ScaleByAcpropState(mu=mu, nu=nu, count=_tree.safe_increment(state.count))
+
+
+@combinator
+def scale_by_acprop(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-16,
+                    eps_root: ScalarOrSchedule = 1e-16, *, mu_dtype: DType = None, nu_dtype: DType = None) -> Update:
+    r"""Scales updates by ACProp: AdaBelief's centred second moment, read one step late.
+
+    Update rule, for an update $g$ at step $t$ (counting from 1), with $b_1$ = ``b1``, $b_2$ = ``b2``,
+    $\epsilon$ = ``eps`` and $\epsilon_\text{root}$ = ``eps_root``, as optax's documentation writes it:
+
+    $$
+    \begin{align*}
+    u &= g / \left(\sqrt{s / (1 - b_2^{t-1})} + \epsilon\right) && \text{(the old } s\text{; } g / (1 + \epsilon) \text{ at } t = 1) \\
+    m &\gets b_1 m + (1 - b_1)\, g \\
+    s &\gets b_2 s + (1 - b_2)\, (g - m)^2 + \epsilon_\text{root}
+    \end{align*}
+    $$
+
+    The denominator holds what was known before this update (the asynchronous
+    step), so the step is not correlated with it; the second moment is of the
+    deviation from the momentum (centring, as AdaBelief's). With no second
+    moment on the first step, it is taken as 1, as in optax.
+    optax 0.2.8 computes the deviation from the *old* momentum,
+    $g - m_{t-1} = (g - m_t) / b_1$, against its documentation and the paper (its
+    pull request 1716 fixes it): with $\epsilon_\text{root} = 0$ its $s$ is this one over
+    $b_1^2$, and its steps with ``eps`` $= \epsilon / b_1$ are these times $b_1$ (from the second on).
+    Where the denominator is 0 ($s = 0$ with $\epsilon = 0$ and $\epsilon_\text{root} = 0$: no deviation from
+    the momentum yet) the update passes unchanged, where optax divides by 0.
+
+    Args:
+        b1: decay of the momentum, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0 (optax's). Default: ``1e-16``.
+        eps_root: added to the second moment each step, >= 0 (optax's).
+            Default: ``1e-16``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but
+            at least float32. Default: ``None``.
+        nu_dtype: storage dtype of ``nu``, as ``mu_dtype``. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByAcpropState(mu, nu, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_acprop(b1=0.5, b2=0.5, eps=0.0, eps_root=0.0)
+        >>> state = opt.init({"w": jnp.zeros(1)})
+        >>> u, state = opt.update({"w": jnp.array([4.0])}, state)  # g / 1; m = 2, s = (4 - 2)²/2 = 2
+        >>> u, _ = opt.update({"w": jnp.array([3.0])}, state)
+        >>> u["w"]  # 3 / sqrt(2 / (1 - 0.5))
+        Array([1.5], dtype=float32)
+
+    References:
+        Zhuang et al., "Momentum Centering and Asynchronous Update for
+        Adaptive Gradient Methods", NeurIPS 2021.
+        https://arxiv.org/abs/2110.05454
+    """
+    return _variant(_init_scale_by_acprop, _apply_scale_by_acprop, "scale_by_acprop",
+                    dict(b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype, nu_dtype=nu_dtype))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, Count, Function, Integer, NonNegativeField,
-                            Real, returned, scalar_input)
+                            OneOf, Real, returned, scalar_input)
 from updax._primitives import stateful, stateless
 from updax._typing import ScalarOrSchedule, ScheduleLike
 from updax._update import Update
@@ -209,15 +209,16 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
                      schedulable=("learning_rate",))
 
 
-def _init_reduce_on_plateau(params):
-    return ReduceOnPlateauState(scale=jnp.ones([], jnp.float32), best_loss=jnp.full([], jnp.inf, jnp.float32),
+def _init_reduce_on_plateau(params, *, mode):
+    worst = jnp.inf if mode == "min" else -jnp.inf
+    return ReduceOnPlateauState(scale=jnp.ones([], jnp.float32), best_loss=jnp.full([], worst, jnp.float32),
                                 plateau_count=_tree.zero_count(), cooldown_count=_tree.zero_count(),
                                 count=_tree.zero_count(),
                                 avg_loss=jnp.zeros([], jnp.float32))
 
 
 def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, atol, cooldown,
-                             accumulation_size, min_scale, loss=None):
+                             accumulation_size, min_scale, mode, loss=None):
     if loss is None:
         raise ValueError("reduce_on_plateau needs the loss: call update(updates, state, params, loss=loss) (inside "
                          "optax.chain, wrap the updax object in ux.to_optax so that optax passes the loss on)")
@@ -226,7 +227,10 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
     avg = (state.count.astype(jnp.float32) * state.avg_loss + jnp.asarray(loss, jnp.float32)) / count.astype(jnp.float32)
     evaluate = count >= accumulation_size
 
-    improved = avg < (1 - rtol) * state.best_loss - atol
+    if mode == "min":
+        improved = avg < (1 - rtol) * state.best_loss - atol
+    else:
+        improved = avg > (1 + rtol) * state.best_loss + atol
     best = jnp.where(improved, avg, state.best_loss)
     plateau = jnp.where(improved, 0, _tree.safe_increment(state.plateau_count))
     cooling = state.cooldown_count > 0
@@ -247,7 +251,7 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
 @combinator
 def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: ScalarOrSchedule = 1e-4,
                       atol: ScalarOrSchedule = 0.0, cooldown: int = 0, accumulation_size: int = 1,
-                      min_scale: ScalarOrSchedule = 0.0) -> Update:
+                      min_scale: ScalarOrSchedule = 0.0, mode: str = "min") -> Update:
     r"""Multiplies updates by a factor that drops when the reported loss stops improving.
 
     Pass the loss to every call: ``opt.update(grads, state, params, loss=loss)``
@@ -255,7 +259,16 @@ def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: 
     ``accumulation_size`` calls; each average that is not below
     $(1 - \text{rtol})\, \text{best} - \text{atol}$ counts toward the plateau, and after
     ``patience`` such averages the scale is multiplied by ``factor`` (floored
-    at ``min_scale``), then rests for ``cooldown`` averages.
+    at ``min_scale``), then rests for ``cooldown`` averages. With
+    ``mode="max"`` the reported value is a metric to raise (an accuracy): an
+    average improves when it is above $(1 + \text{rtol})\, \text{best} + \text{atol}$.
+
+    PyTorch's ``ReduceLROnPlateau(mode, factor, patience, threshold,
+    threshold_mode, cooldown, min_lr)`` is ``reduce_on_plateau(factor,
+    patience + 1, rtol, atol, cooldown, min_scale=min_lr / lr, mode=mode)``
+    with ``rtol=threshold, atol=0.0`` for ``threshold_mode="rel"`` and
+    ``rtol=0.0, atol=threshold`` for ``"abs"`` (torch lowers the rate after
+    more than ``patience`` bad epochs, updax after ``patience``).
 
     Update rule: $u \gets s u$ with $s$ the current scale (1 at the start).
 
@@ -269,6 +282,8 @@ def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: 
         accumulation_size: calls averaged per evaluation, an integer >= 1.
             Default: ``1``.
         min_scale: the lowest scale, >= 0. Default: ``0.0``.
+        mode: ``'min'`` (the value is a loss, lower is better) or ``'max'``
+            (a metric, higher is better). Default: ``'min'``.
 
     Returns:
         An update object with state ``ReduceOnPlateauState(scale, best_loss,
@@ -289,8 +304,9 @@ def reduce_on_plateau(factor: ScalarOrSchedule = 0.1, patience: int = 10, rtol: 
         PyTorch's ``ReduceLROnPlateau``; optax.contrib.reduce_on_plateau.
     """
     options = dict(factor=factor, patience=patience, rtol=rtol, atol=atol, cooldown=cooldown,
-                   accumulation_size=accumulation_size, min_scale=min_scale)
+                   accumulation_size=accumulation_size, min_scale=min_scale, mode=mode)
     domains = dict(factor=Real(0.0, 1.0), patience=Integer(1), rtol=NON_NEGATIVE, atol=NON_NEGATIVE,
-                   cooldown=Integer(0), accumulation_size=Integer(1), min_scale=NON_NEGATIVE)
+                   cooldown=Integer(0), accumulation_size=Integer(1), min_scale=NON_NEGATIVE,
+                   mode=OneOf(("min", "max")))
     return stateful(_init_reduce_on_plateau, _apply_reduce_on_plateau, name="reduce_on_plateau", options=options,
                     domains=domains, schedulable=("factor", "rtol", "atol", "min_scale"))
