@@ -9,7 +9,9 @@ changed no number beyond float32 rounding. An entry added later, or whose
 registry options changed, has its numbers written when it was
 (``python tests/held_numbers.py NAME``, which keeps every other entry's):
 ``cautious`` and ``add_decayed_weights`` (now with ``cautious=True``), MARS,
-Shampoo, SOAP, Sophia and NorMuon at issue 41's first part.
+Shampoo, SOAP, Sophia and NorMuon at issue 41's first part; PSGD Kron, Shampoo again (its entry gained
+``block_size``), and issue 43's first entries (the optax transforms, ``loss_scale``, MADGRAD, LaProp, AcProp and
+the optax spellings) after it.
 """
 
 from __future__ import annotations
