@@ -61,6 +61,7 @@ from updax.updates._privacy import (
     per_example_global_norm_clip,
 )
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_normuon, scale_by_shape
+from updax.updates._quantized import quantized_state
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._sign import scale_by_lion, scale_by_rprop, scale_by_sign
@@ -109,6 +110,7 @@ __all__ = [
     "partition",
     "per_example_clipped_sum",
     "per_example_global_norm_clip",
+    "quantized_state",
     "reduce_on_plateau",
     "sam",
     "scale",
