@@ -437,6 +437,28 @@ def test_flat_state_inside_quantizes_the_joined_buffer():
         O.adam(1e-2).quantized_state().flat_state()
 
 
+def test_on_8_devices_no_block_straddles_a_shard_and_the_numbers_are_one_devices():
+    """tests/quantized_sharding.py in a subprocess with 8 host devices: the params split along their leading
+    axes, and ZeRO-1 (replicated params, the state placed by zero1_shardings)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-W", "ignore", os.path.join(here, "quantized_sharding.py")], cwd=here,
+                          env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    assert result["quantized"] == 34 and result["zero1_split"] == 32  # (ZeRO-1 split the codes of 32 of them)
+    assert not result["blocks"], result["blocks"]
+    assert not result["differ"], result["differ"]  # the params split: bit for bit
+    assert result["zero1_error"] < 0.01 and result["zero1_codes"] < 1e-4, result
+
+
 # --------------------------------------------------------------------------
 # Training parity on the digits MLP
 
