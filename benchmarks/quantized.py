@@ -22,7 +22,7 @@ apply_updates in one jit) on ``run.py``'s workloads S (1000 leaves of about
 4M), and times them interleaved call by call in one process (``run.py``'s
 ``time_side_by_side``): the median of ``--repeats`` calls each. Peak bytes are
 XLA's for the compiled step (arguments and outputs, donated ones once, plus
-temporaries). Results: ``benchmarks/results/quantized_steps.md`` (and ``.json``).
+temporaries). Results: ``benchmarks/results/quantized_steps_<workloads>.md`` (and ``.json``).
 """
 
 from __future__ import annotations
@@ -108,12 +108,12 @@ VARIANTS = {
 VARIANTS["B"] = VARIANTS["T"]
 
 
-def steps(quick, repeats):
+def steps(quick, repeats, workloads=("S", "T", "B")):
     import run
 
     data = run.workloads(quick)
     results = []
-    for workload in ("S", "T", "B"):
+    for workload in workloads:
         params = data[workload]
         grads = run.grads_like(params, 0)
         compiled = []
@@ -140,7 +140,7 @@ def steps(quick, repeats):
     for r in results:
         lines.append(f"| {r['workload']} | {r['variant']} | {r['step_ms']:.1f} | {r['ratio']:.2f}x | "
                      f"{r['compile_s']:.1f} | {r['state_mb']:.1f} | {r['peak_mb']:.1f} |")
-    stem = "quantized_steps_quick" if quick else "quantized_steps"
+    stem = ("quantized_steps_quick" if quick else "quantized_steps") + "_" + "".join(workloads)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     print("\n".join(lines))
@@ -168,13 +168,14 @@ def main(argv=None):
     parser.add_argument("what", choices=["memory", "steps", "parity"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--workloads", default="S,T,B", help="a comma-separated subset of S, T, B")
     args = parser.parse_args(argv)
     if args.what == "memory":
         memory()
     elif args.what == "parity":
         parity()
     else:
-        steps(args.quick, args.repeats)
+        steps(args.quick, args.repeats, tuple(args.workloads.split(",")))
 
 
 if __name__ == "__main__":

@@ -455,7 +455,9 @@ def test_on_8_devices_no_block_straddles_a_shard_and_the_numbers_are_one_devices
     result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["quantized"] == 34 and result["zero1_split"] == 32  # (ZeRO-1 split the codes of 32 of them)
     assert not result["blocks"], result["blocks"]
-    assert not result["differ"], result["differ"]  # the params split: bit for bit
+    # One device's numbers, to a rounding of the moments that may move a value on the edge between two codes
+    # to the other (with XLA's default flags the split params' run is bit for bit one device's: result["differ"]).
+    assert result["split_error"] < 0.01 and result["split_codes"] < 1e-4, result
     assert result["zero1_error"] < 0.01 and result["zero1_codes"] < 1e-4, result
 
 

@@ -48,7 +48,7 @@ __all__ = ["QuantizedArray", "QuantizedState", "dynamic_map", "linear_map", "qua
 
 
 class QuantizedState(NamedTuple):
-    """The wrapped pipeline's state with each eligible leaf stored as a :class:`QuantizedArray` (see
+    """The wrapped pipeline's state with each eligible leaf stored as a ``QuantizedArray`` (see
     :func:`quantized_state`)."""
 
     inner: tuple
@@ -106,8 +106,9 @@ def _encode(normalized: jax.Array, values: np.ndarray) -> jax.Array:
     bisection over their midpoints, unrolled (one comparison and one lookup in a table of 2**bits per level)."""
     ranked = values.astype(np.float32)
     mids = np.append((ranked[1:] + ranked[:-1]) / 2, np.inf)
-    index = jnp.zeros_like(normalized, jnp.int32)
-    step = len(values) // 2
+    step = len(values) // 2  # (the first level against one midpoint: a lookup at constant indices XLA would fold)
+    index = jnp.where(normalized > np.float32(mids[step - 1]), step, 0).astype(jnp.int32)
+    step //= 2
     while step:
         index = jnp.where(normalized > _lookup(mids, index + (step - 1)), index + step, index)
         step //= 2
@@ -226,13 +227,6 @@ def _dequantize(q: QuantizedArray, fmt: _Format, shape: tuple, dtype: Any) -> ja
             normalized = _decode(codes, _map(fmt.bits, fmt.signed))
         x = _unblocked(_blocked(normalized, fmt.block) * q.scales[..., None], last)
     return x.reshape(shape).astype(dtype)
-
-
-def dequantize(q: QuantizedArray, like: Any, *, signed: bool, bits: Any = 8, block_size: int | None = None) -> jax.Array:
-    """One stored leaf's values again, shaped and typed like ``like`` (see :func:`quantized_state` for
-    ``bits`` and ``block_size``; ``signed``: a first moment's leaf)."""
-    shape, dtype = jnp.shape(like), jnp.result_type(like)
-    return _dequantize(q, _format(bits, signed, block_size, len(shape)), shape, dtype)
 
 
 def _format(bits: Any, signed: bool, block_size: int | None, ndim: int) -> _Format:
@@ -451,7 +445,7 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
         bits: the storage of the quantizable fields, ``8``, ``4`` or
             ``"float8"``. Default: ``8``.
         block_size: the block size of block-wise formats, a power of two
-            >= 2; None: 2048 for 8 bits, 128 for 4 bits and float8.
+            (at least 2); None: 2048 for 8 bits, 128 for 4 bits and float8.
             Default: ``None``.
         min_size: leaves of fewer elements stay in float, an integer >= 0.
             Default: ``4096``.
@@ -463,7 +457,7 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
 
     Returns:
         An update object with state ``QuantizedState(inner)``: the wrapped
-        pipeline's state, each stored leaf a :class:`QuantizedArray`.
+        pipeline's state, each stored leaf a ``QuantizedArray(codes, scales)``.
 
     Example:
         >>> import jax, jax.numpy as jnp
