@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import updax as ux  # noqa: E402
+import updax as ux
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = {"w1": (512, 1024), "b1": (1024,), "w2": (1024, 512), "b2": (512,)}
@@ -95,7 +95,7 @@ def memory():
     print("\n".join(lines))
 
 
-ADAM = lambda: ux.optimizers.adam(1e-3)  # noqa: E731
+ADAM = lambda: ux.optimizers.adam(1e-3)
 #: The variants timed on each workload: on S (1000 small leaves) flat_state and both wrappers, on T and B each format.
 VARIANTS = {
     "S": {"adam": ADAM, "adam/flat": lambda: ADAM().flat_state(),

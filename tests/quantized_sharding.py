@@ -127,7 +127,7 @@ def main():
             one_params, one_state = run(opt, params, grads)
         result["quantized"] += len(_quantized(one_state))
         # The params split along their leading axes: the state follows them.
-        place = lambda t: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), t, SPECS)  # noqa: E731
+        place = lambda t: jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), t, SPECS)
         split_params = place(params)
         init = opt.init(split_params)
         result["blocks"] += [f"{name} init: {p}" for p in straddling(init)]

@@ -110,7 +110,7 @@ def reference_blockwise(x, table, block):
     absmax = np.abs(blocks).max(-1, keepdims=True)
     normalized = blocks / np.where(absmax > 0, absmax, 1)
     values, tie = _nearest(normalized, table)
-    unblock = lambda a: a.reshape(*x.shape[:-1], count * block)[..., :last]  # noqa: E731
+    unblock = lambda a: a.reshape(*x.shape[:-1], count * block)[..., :last]
     return unblock(values * absmax), unblock(tie), absmax[..., 0]
 
 
@@ -136,7 +136,7 @@ def reference_float8(x, block):
     blocks = padded.reshape(*x.shape[:-1], count, block)
     absmax = np.abs(blocks).max(-1, keepdims=True)
     values, tie = _nearest(blocks / np.where(absmax > 0, absmax, 1) * 448, table)
-    unblock = lambda a: a.reshape(*x.shape[:-1], count * block)[..., :last]  # noqa: E731
+    unblock = lambda a: a.reshape(*x.shape[:-1], count * block)[..., :last]
     return unblock(values / 448 * absmax), unblock(tie), absmax[..., 0]
 
 
