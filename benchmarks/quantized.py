@@ -131,7 +131,8 @@ def steps(quick, repeats, workloads=("S", "T", "B")):
                                 compile_s=seconds, state_mb=state_bytes / 2**20, peak_mb=peak / 2**20,
                                 params=sum(x.size for x in jax.tree.leaves(params))))
     lines = ["# quantized_state: step, compile and memory against float32 Adam", "",
-             f"`python benchmarks/quantized.py steps{' --quick' if quick else ''} --repeats {repeats}`: each "
+             f"`python benchmarks/quantized.py steps{' --quick' if quick else ''} --repeats {repeats} --workloads "
+             f"{','.join(workloads)}`: each "
              "workload's variants compiled, then timed interleaved call by call in one process, the median of "
              f"{repeats} calls each. This machine (2 cores) was shared with other jobs during the run (load "
              "above 10): the times are noisy, compare ratios within a workload only.", "",
