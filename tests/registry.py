@@ -181,6 +181,9 @@ ENTRIES = {
     # buffers)
     "flat_state": lambda: ux.scale_by_adam().add_decayed_weights(0.01).clip_by_global_norm(1.0).scale(-0.1)
     .flat_state(max_join_size=8, min_joined=1),
+    # (min_size=4, block_size=2: the registry's leaves of 4 elements and more are stored in 8 bits, in blocks of 2)
+    "quantized_state": lambda: ux.scale_by_adam().add_decayed_weights(0.01).scale(-0.1)
+    .quantized_state(bits=8, block_size=2, min_size=4),
     # (b2=0.6, gamma=1: the estimate of the Hessian, 1 + 3w², brings most ratios inside the clip from step 2 on)
     "scale_by_sophia": lambda: ux.scale_by_sophia(b1=0.9, b2=0.6, eps=1e-8, gamma=1.0, clip_threshold=5.0,
                                                   update_interval=2, key=3, objective=quartic),
@@ -204,7 +207,7 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
                 "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
-                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad"}
+                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad", "quantized_state"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",

@@ -78,6 +78,7 @@ def targets():
     out["optimizers.lbfgs"] = lambda: ux.optimizers.lbfgs(0.1, objective=quartic)
     out["optimizers.sophia"] = lambda: ux.optimizers.sophia(0.1, objective=coupled)  # (its estimate then needs z)
     del out["flat_state"]  # its state is not shaped like the params: flat_state_on_a_mesh checks it
+    del out["quantized_state"]  # its state is codes and scales: tests/quantized_sharding.py checks it
     return out
 
 

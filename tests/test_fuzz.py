@@ -618,6 +618,21 @@ def _shampoo_root_methods(params):
     return st.sampled_from(["eigh", "newton"])
 
 
+@_structural("quantized_state", "bits", "'8, 4 or \"float8\"'")
+def _quantized_bits(params):
+    return st.sampled_from([8, 4, "float8"])
+
+
+@_structural("quantized_state", "block_size", "'a power of two >= 2; None: each format's default'")
+def _quantized_block_sizes(params):
+    return st.sampled_from([None, 2, 4, 2048])
+
+
+@_structural("quantized_state", "formats", "a dict of state paths to formats, or None (the default)")
+def _quantized_formats(params):
+    return st.sampled_from([None, {"scale_by_adam.nu": "float8"}])
+
+
 def _structural_for(target: str, option: str):
     return STRUCTURAL.get((target, option)) or STRUCTURAL.get(("*", option))
 

@@ -34,9 +34,10 @@ import numpy as np
 from updax._options import canonical, format_value
 
 __all__ = ["ANY_REAL", "COUNT", "Count", "Domain", "Flag", "FlagField", "FloatDtype", "Function", "Integer",
-           "LEARNING_RATE", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE", "Pipeline", "Pipelines", "Real",
-           "Relation", "UNIT", "Unchecked", "Valid", "fail", "field_domain", "fits_dtype", "is_concrete", "message",
-           "checking", "returned", "scalar_input"]
+           "LEARNING_RATE", "MomentField", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE", "Pipeline",
+           "Pipelines", "Quantizable", "Real", "Relation", "SecondMomentField", "UNIT", "Unchecked", "Valid", "fail",
+           "field_domain", "field_quantizable", "fits_dtype", "is_concrete", "message", "checking", "returned",
+           "scalar_input"]
 
 INT32_MAX = 2**31 - 1
 
@@ -466,6 +467,35 @@ NonNegativeField = Annotated[Any, NON_NEGATIVE]
 """A state field of values that are never negative (second moments, sums of squares)."""
 FlagField = Annotated[jax.Array, Flag()]
 """A boolean state field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantizable:
+    """What a state field declares about storing it in fewer bits (:func:`updax.quantized_state`): ``signed``
+    for a first moment (an average of signed values, stored with a signed map), else a second moment (never
+    negative, stored with an unsigned map). A field without it is never quantized."""
+
+    signed: bool
+
+
+MomentField = Annotated[Any, Quantizable(signed=True)]
+"""A state field of first moments (averages of the updates): quantized_state may store it with a signed map."""
+SecondMomentField = Annotated[Any, NON_NEGATIVE, Quantizable(signed=False)]
+"""A state field of second moments (averages of squares, never negative): quantized_state may store it with an
+unsigned map."""
+
+
+def field_quantizable(state_type: type, field: str) -> Quantizable | None:
+    """What ``field`` of the NamedTuple type ``state_type`` declares about quantizing it (a
+    :class:`Quantizable` in its annotation), or None: not quantizable."""
+    try:
+        hints = typing.get_type_hints(state_type, include_extras=True)
+    except Exception:  # an annotation that names something not importable: nothing declared
+        return None
+    for meta in getattr(hints.get(field), "__metadata__", ()):
+        if isinstance(meta, Quantizable):
+            return meta
+    return None
 
 
 def field_domain(state_type: type, field: str) -> Domain | None:

@@ -223,6 +223,15 @@ class Update:
     def per_example_layer_norm_clip(self, l2_norm_clip: ScalarOrSchedule = 1.0, uniform: bool = True) -> Update:
         """Clips each example's gradient leaf by leaf, each to its share of ``l2_norm_clip``, then sums. See
         :func:`updax.per_example_layer_norm_clip`."""
+    def quantized_state(
+        self,
+        bits: int | str = 8,
+        block_size: int | None = None,
+        min_size: int = 4096,
+        formats: dict[str, int | str | None] | None = None,
+    ) -> Update:
+        """The pipeline before it, its moments stored in 8 or 4 bits (or float8) between steps. See
+        :func:`updax.quantized_state`."""
     def reduce_on_plateau(
         self,
         factor: ScalarOrSchedule = 0.1,

@@ -20,7 +20,10 @@ ValueError: decayed(decay=1.5): decay must be in [0, 1)
 
 A state NamedTuple declares what a field holds with an annotation: a field
 annotated ``Count`` refuses a negative or fractional step count in
-``replace_state``; every field refuses what its dtype cannot hold.
+``replace_state``; every field refuses what its dtype cannot hold. A field
+annotated ``MomentField`` (first moments) or ``SecondMomentField`` (second
+moments, never negative) may be stored in 8 or 4 bits by
+:func:`updax.quantized_state`; any other field never is.
 """
 
 from updax._domains import (
@@ -37,17 +40,20 @@ from updax._domains import (
     FloatDtype,
     Function,
     Integer,
+    MomentField,
     NonNegativeField,
     OneOf,
     Pipeline,
     Pipelines,
+    Quantizable,
     Real,
     Relation,
+    SecondMomentField,
     Unchecked,
     Valid,
 )
 from updax._masks import Labels, Mask
 
 __all__ = ["ANY_REAL", "COUNT", "Count", "Domain", "Flag", "FlagField", "FloatDtype", "Function", "Integer",
-           "LEARNING_RATE", "Labels", "Mask", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE", "Pipeline",
-           "Pipelines", "Real", "Relation", "UNIT", "Unchecked", "Valid"]
+           "LEARNING_RATE", "Labels", "Mask", "MomentField", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE",
+           "Pipeline", "Pipelines", "Quantizable", "Real", "Relation", "SecondMomentField", "UNIT", "Unchecked", "Valid"]

@@ -15,6 +15,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from updax.updates._quantized import QuantizedArray
+
 __all__ = ["zero1_shardings"]
 
 
@@ -42,9 +44,13 @@ def zero1_shardings(tree: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data")
     ``axis`` along its largest dimension that is not split yet and whose size
     ``axis`` divides. A leaf with no such dimension (a step count, a small
     bias) and a leaf already split over ``axis`` keep their sharding on
-    ``mesh``. Pass the result to ``jax.device_put`` to move an optimizer state
-    there, and to ``jax.jit``'s ``in_shardings`` / ``out_shardings`` to keep
-    it there across steps.
+    ``mesh``. A :func:`updax.quantized_state` leaf's codes and scales are
+    split together along an axis before the last, so that each device holds
+    whole blocks with their scales (a 1-d leaf's along its axis when its
+    blocks are full and divide evenly). Pass the result to
+    ``jax.device_put`` to move an optimizer state there, and to
+    ``jax.jit``'s ``in_shardings`` / ``out_shardings`` to keep it there
+    across steps.
 
     Args:
         tree: any pytree of arrays or ``jax.ShapeDtypeStruct`` s (an
@@ -80,17 +86,39 @@ def zero1_shardings(tree: Any, mesh: Mesh, axis: str | tuple[str, ...] = "data")
             raise ValueError(f"{call}: axis {name!r} is not an axis of the mesh, whose axes are {mesh.axis_names}")
     size = _axis_size(mesh, axis)
 
-    def place(x: Any) -> NamedSharding:
+    def current(x: Any) -> tuple:
         shape = tuple(getattr(x, "shape", ()))
         sharding = getattr(x, "sharding", None)
-        spec: tuple = (None,) * len(shape)
         if isinstance(sharding, NamedSharding) and sharding.mesh.shape == mesh.shape:
-            spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-        if not _uses(spec, axis):
-            free = [i for i, n in enumerate(shape) if spec[i] is None and n > 0 and n % size == 0]
-            if free:
-                best = max(free, key=lambda i: (shape[i], -i))
-                spec = spec[:best] + (axis,) + spec[best + 1:]
-        return NamedSharding(mesh, PartitionSpec(*spec))
+            return tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+        return (None,) * len(shape)
 
-    return jax.tree.map(place, tree)
+    def split(spec: tuple, dims: list[int], shape: tuple) -> tuple:
+        free = [i for i in dims if spec[i] is None and shape[i] > 0 and shape[i] % size == 0]
+        if _uses(spec, axis) or not free:
+            return spec
+        best = max(free, key=lambda i: (shape[i], -i))
+        return spec[:best] + (axis,) + spec[best + 1:]
+
+    def place(x: Any) -> NamedSharding:
+        shape = tuple(getattr(x, "shape", ()))
+        return NamedSharding(mesh, PartitionSpec(*split(current(x), list(range(len(shape))), shape)))
+
+    def place_quantized(q: QuantizedArray) -> QuantizedArray:
+        # A quantized leaf's codes and scales are split together, so that each device holds whole blocks and
+        # their scales: along an axis before the last (blocks run along the last axis), or along a 1-d leaf's
+        # only axis when its blocks are all full and the devices get as many each.
+        codes, scales = q.codes, q.scales
+        spec = current(codes)
+        if codes.ndim >= 2:
+            spec = split(spec, list(range(codes.ndim - 1)), codes.shape)
+        elif not isinstance(scales, tuple) and scales.shape[0] % size == 0 and codes.shape[0] % scales.shape[0] == 0:
+            spec = split(spec, [0], codes.shape)
+        if isinstance(scales, tuple):  # (rank-1: the maxima along each axis, split where that axis is)
+            placed = tuple(NamedSharding(mesh, PartitionSpec(spec[a])) for a in range(len(scales)))
+        else:
+            placed = NamedSharding(mesh, PartitionSpec(*spec[:-1], spec[-1] if codes.ndim == 1 else None))
+        return QuantizedArray(NamedSharding(mesh, PartitionSpec(*spec)), placed)
+
+    return jax.tree.map(lambda x: place_quantized(x) if isinstance(x, QuantizedArray) else place(x), tree,
+                        is_leaf=lambda x: isinstance(x, QuantizedArray))

@@ -253,10 +253,11 @@ def _ordered(stage: Stage, old: Any, new: Any, treedef: Any, params: list, sums:
 def _after(old: jax.Array, new: jax.Array, param: jax.Array,
            summed: tuple[jax.Array, jax.Array] | None) -> jax.Array:
     """``new``, read after the new param (``summed``, :func:`_new_param`'s): a leaf passed through unchanged,
-    shaped otherwise than the param or not floating is left alone. What the select reads is placed like ``new``
+    shaped otherwise than the param, not floating or not an array (a :func:`updax.quantized_state` leaf's
+    codes and scales) is left alone. What the select reads is placed like ``new``
     (on an explicit mesh a select needs it), which it already is when the state is split like the updates
     (ZeRO-1's state and updates both are)."""
-    if (summed is None or new is None or new is old or new.shape != param.shape
+    if (summed is None or new is None or new is old or not isinstance(new, jax.Array) or new.shape != param.shape
             or not jnp.issubdtype(new.dtype, jnp.floating)):
         return new
     q, never = summed

@@ -81,6 +81,7 @@ from updax.updates._privacy import (
 )
 from updax.updates._orthogonal import scale_by_muon, scale_by_newton_schulz, scale_by_normuon, scale_by_shape
 from updax.updates._psgd import scale_by_psgd_kron
+from updax.updates._quantized import quantized_state
 from updax.updates._rms import scale_by_adadelta, scale_by_rms, scale_by_rss, scale_by_stddev
 from updax.updates._shampoo import scale_by_shampoo
 from updax.updates._targets import incremental_update, periodic_update, scale_gradient
@@ -153,6 +154,7 @@ __all__ = [
     "per_example_global_norm_clip",
     "per_example_layer_norm_clip",
     "periodic_update",
+    "quantized_state",
     "reduce_on_plateau",
     "sam",
     "scale",

@@ -11,7 +11,7 @@ import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, Pipeline, Real, Valid, fail,
+from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, MomentField, Pipeline, Real, Valid, fail,
                             is_concrete, returned)
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
@@ -22,7 +22,7 @@ from updax._leafwise import per_leaf
 class TraceState(NamedTuple):
     """The momentum buffer."""
 
-    trace: Any
+    trace: MomentField
 
 
 def _init_trace(params, *, accumulator_dtype):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField, Real
+from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, Flag, FloatDtype, MomentField, Real, SecondMomentField
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -28,32 +28,32 @@ class ScaleByAdamState(NamedTuple):
     """First moment ``mu``, second moment ``nu``, steps taken ``count`` (Adam's, RAdam's and NAdam's: the
     same numbers)."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
 class ScaleByBeliefState(NamedTuple):
     """First moment ``mu``, the belief ``nu`` (an EMA of ``(g - m)²``), steps taken ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
 class ScaleByYogiState(NamedTuple):
     """First moment ``mu``, Yogi's second moment ``nu``, steps taken ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
 class ScaleByAdamaxState(NamedTuple):
     """First moment ``mu``, the infinity norm ``nu``, steps taken ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
@@ -61,9 +61,9 @@ class ScaleByAmsgradState(NamedTuple):
     """First moment ``mu``, second moment ``nu``, running maximum of the
     bias-corrected ``nu`` (``nu_max``), steps taken ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
-    nu_max: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
+    nu_max: SecondMomentField
     count: Count
 
 
@@ -71,9 +71,9 @@ class ScaleByAdanState(NamedTuple):
     """EMAs of the updates ``mu``, of their differences ``mu_diff`` and of the
     squared look-ahead ``nu``; the previous updates ``prev_grads``; steps taken ``count``."""
 
-    mu: Any
-    mu_diff: Any
-    nu: NonNegativeField
+    mu: MomentField
+    mu_diff: MomentField
+    nu: SecondMomentField
     prev_grads: Any
     count: Count
 

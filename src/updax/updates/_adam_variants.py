@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, Count, Flag, NonNegativeField, Valid
+from updax._domains import NON_NEGATIVE, POSITIVE, Count, Flag, MomentField, SecondMomentField, Valid
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -34,8 +34,8 @@ class ScaleByAdoptState(NamedTuple):
     """ADOPT's momentum of the normalised updates ``mu``, the second moment ``nu`` of the updates before this
     one (``g²`` after the first call), steps taken ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
@@ -43,9 +43,9 @@ class ScaleByAdemamixState(NamedTuple):
     """The fast EMA ``mu_fast`` and the slow EMA ``mu_slow`` of the updates, their second moment ``nu``,
     steps taken ``count``."""
 
-    mu_fast: Any
-    mu_slow: Any
-    nu: NonNegativeField
+    mu_fast: MomentField
+    mu_slow: MomentField
+    nu: SecondMomentField
     count: Count
 
 
@@ -53,8 +53,8 @@ class ScaleBySimplifiedAdemamixState(NamedTuple):
     """The undamped sum ``mu`` of the updates (``m ← b1·m + g``), their second moment ``nu``, steps taken
     ``count``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 

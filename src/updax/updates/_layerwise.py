@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, FloatDtype, NonNegativeField
+from updax._domains import ANY_REAL, NON_NEGATIVE, UNIT, Count, FloatDtype, MomentField, NonNegativeField
 from updax._masks import Mask, leaf_mask
 from updax._primitives import stateful, stateless
 from updax._typing import DType, PyTree, ScalarOrSchedule
@@ -26,7 +26,7 @@ from updax.updates._kernels import abs_sq, safe_sqrt, trust_ratios, trust_scaled
 class ScaleByNovogradState(NamedTuple):
     """Momentum of the normalized updates ``mu``, one scalar second moment per leaf ``nu``, steps taken ``count``."""
 
-    mu: Any
+    mu: MomentField
     nu: NonNegativeField
     count: Count
 

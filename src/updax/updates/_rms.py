@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, NonNegativeField
+from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, MomentField, SecondMomentField
 from updax._primitives import stateful
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -26,42 +26,42 @@ from updax.updates._kernels import abs_sq, bias_corrections, safe_sqrt
 class ScaleByRmsState(NamedTuple):
     """EMA of squared updates ``nu``."""
 
-    nu: NonNegativeField
+    nu: SecondMomentField
 
 
 class ScaleByRmsWithCountState(NamedTuple):
     """EMA of squared updates ``nu`` and steps taken ``count`` (for the bias correction)."""
 
-    nu: NonNegativeField
+    nu: SecondMomentField
     count: Count
 
 
 class ScaleByRssState(NamedTuple):
     """Running sum of squared updates."""
 
-    sum_of_squares: NonNegativeField
+    sum_of_squares: SecondMomentField
 
 
 class ScaleByStddevState(NamedTuple):
     """EMAs of the updates ``mu`` and of their squares ``nu``."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
 
 
 class ScaleByStddevWithCountState(NamedTuple):
     """EMAs of the updates ``mu`` and of their squares ``nu``, and steps taken ``count`` (for the bias correction)."""
 
-    mu: Any
-    nu: NonNegativeField
+    mu: MomentField
+    nu: SecondMomentField
     count: Count
 
 
 class ScaleByAdadeltaState(NamedTuple):
     """EMAs of the squared incoming updates and of the squared outgoing steps."""
 
-    avg_sq_grad: NonNegativeField
-    avg_sq_step: NonNegativeField
+    avg_sq_grad: SecondMomentField
+    avg_sq_step: SecondMomentField
 
 
 #: What the options of the second-moment stages hold.

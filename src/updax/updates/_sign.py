@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, NonNegativeField, Real, Relation
+from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, MomentField, NonNegativeField, Real, Relation
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -28,7 +28,7 @@ from updax.updates._kernels import moment, real_only
 class ScaleByLionState(NamedTuple):
     """EMA of the updates ``mu`` (the rule needs no step count)."""
 
-    mu: Any
+    mu: MomentField
 
 
 class ScaleByRpropState(NamedTuple):
