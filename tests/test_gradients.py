@@ -203,7 +203,10 @@ def test_gradients_at_zero_match_optax(name, ours, theirs, compared):
 #: moments. They bound those stages' float64 precision (noted, not fixed here).
 FLOAT32_STATE = {
     "ema": {"[0].total_weight"},
+    "loss_scale": {"[0].scale"},  # a power of two, float32 as Axon's (a loss in float16 or float32 is multiplied)
     "reduce_on_plateau": {"[0].scale", "[0].best_loss", "[0].avg_loss"},
+    # one float32 absmax per block, as the papers' formats have (the codes are 8 or 4 bits whatever the params)
+    "quantized_state": {f"[0].inner[0].{field}['{leaf}'].scales" for field in ("mu", "nu") for leaf in ("w", "b")},
     "scale_by_state": {"[0].step_size"},
     "schedule_free": {"[0].weight_sum", "[0].max_lr"},
 }

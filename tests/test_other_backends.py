@@ -79,6 +79,8 @@ CPU_PATHS = {
     "trace_nesterov", "lookahead", "sam", "reduce_on_plateau", "scale_by_rprop", "optimizers.rprop",
     # MARS reads the previous gradient (state_last), and MARS-Lion has Lion's momentum too
     "scale_by_mars", "optimizers.mars_adamw", "optimizers.mars_lion",
+    # its registry entry wraps apply_if_finite, whose check the backend computes apart
+    "loss_scale",
 }
 
 

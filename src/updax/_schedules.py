@@ -44,7 +44,6 @@ __all__ = [
     "linear_decay",
     "linear_onecycle",
     "linear_schedule",
-    "multiplicative",
     "multiply_schedules",
     "piecewise_constant",
     "piecewise_interpolate",
@@ -1343,11 +1342,19 @@ class cyclic(Schedule):
                   mode=mode, gamma=check.number(call, "gamma", gamma, 0.0, 1.0, lo_open=True))
 
     def __call__(self, count: ArrayLike) -> jax.Array:
-        t = _real(count)
+        t, count = _real(count), jnp.asarray(count)
+        down = self.step_size_up if self.step_size_down is None else self.step_size_down
         up = _real(self.step_size_up)
-        length = up + _real(self.step_size_up if self.step_size_down is None else self.step_size_down)
-        cycles = jnp.floor(t / length)  # k - 1, whole cycles done
-        x = (t - cycles * length) / length  # exact where t/n + 1 - k rounds
+        length = up + _real(down)
+        steps = jnp.asarray(self.step_size_up) + jnp.asarray(down)
+        if jnp.issubdtype(count.dtype, jnp.integer) and jnp.issubdtype(steps.dtype, jnp.integer):
+            # in integers: float32's t / n is off by whole steps past 2**24 (a negative rate at 2**31)
+            steps = steps.astype(count.dtype)
+            cycles, within = _real(count // steps), _real(count % steps)
+        else:
+            cycles = jnp.floor(t / length)  # k - 1, whole cycles done
+            within = t - cycles * length  # exact where t/n + 1 - k rounds
+        x = within / length
         ratio = up / length
         height = jnp.where(x <= ratio, x / ratio, (x - 1) / (ratio - 1))
         if self.mode == "triangular2":
@@ -1414,69 +1421,22 @@ class cosine_warm_restarts(Schedule):
 
     def __call__(self, count: ArrayLike) -> jax.Array:
         t, first, m = _real(count), _real(self.period), self.period_mult
-        if m == 1:
+        count = jnp.asarray(count)
+        if m == 1 and jnp.issubdtype(count.dtype, jnp.integer):
+            # the step within the cycle in integers: float32's t / T_0 is off by whole steps past 2**24
+            within, length = _real(jnp.remainder(count, jnp.asarray(self.period, count.dtype))), first
+        elif m == 1:
             cycle = jnp.floor(t / first)
-            start, length = cycle * first, first
+            within, length = t - cycle * first, first
         else:
             # the cycle from the closed form of S_i, then moved by one where float32's log rounded across a start
             cycle = jnp.floor(jnp.log1p(t * (m - 1) / first) / math.log(m))
             start_of = lambda i: first * (m**i - 1) / (m - 1)  # noqa: E731
             cycle = jnp.where(start_of(cycle) > t, cycle - 1, cycle)
             cycle = jnp.where(start_of(cycle + 1) <= t, cycle + 1, cycle)
-            start, length = start_of(cycle), first * m**cycle
-        cos = 0.5 * (1 + jnp.cos(jnp.pi * (t - start) / length))
+            within, length = t - start_of(cycle), first * m**cycle
+        cos = 0.5 * (1 + jnp.cos(jnp.pi * within / length))
         return _lerp(_real(self.end_value), _real(self.init_value), cos)
-
-
-class multiplicative(Schedule):
-    r"""Each step multiplies the value by a factor (torch's ``MultiplicativeLR``).
-
-    Formula, with $\eta_\text{init}$ = ``init_value`` and $f$ = ``factor_fn``:
-
-    $$
-    \eta(t) = \eta_\text{init} \prod_{k=1}^{t} f(k)
-    $$
-
-    A call runs a loop of $t$ steps (a ``jax.lax.fori_loop``): for a factor that does not depend on
-    the step, :class:`exponential_decay` (``transition_steps=1``) gives the same values at once.
-
-    Args:
-        init_value: the value at step 0, any real number. No default.
-        factor_fn: a jittable function ``step -> factor`` (torch's
-            ``lr_lambda``), called with the steps 1, ..., t; a schedule object
-            is a pytree child, a plain function static structure (it must be
-            hashable). No default.
-
-    Returns:
-        A schedule ``count -> value`` (float32).
-
-    Example:
-        >>> import updax.schedules as uxs
-        >>> sched = uxs.multiplicative(1.0, uxs.piecewise_constant(0.5, {3: 1.0}))
-        >>> [round(float(sched(t)), 4) for t in range(6)]
-        [1.0, 0.5, 0.25, 0.25, 0.25, 0.25]
-
-    References:
-        torch.optim.lr_scheduler.MultiplicativeLR.
-    """
-
-    init_value: Scalar
-    factor_fn: Any
-
-    def __init__(self, init_value: Scalar, factor_fn: ScheduleLike) -> None:
-        call = "multiplicative"
-        self._set(init_value=check.number(call, "init_value", init_value),
-                  factor_fn=_schedule_like(call, "factor_fn", factor_fn))
-
-    def __call__(self, count: ArrayLike) -> jax.Array:
-        count = jnp.asarray(count)
-
-        def step(k, product):
-            return jnp.where(k <= count, product * _real(self.factor_fn(k)), product)
-
-        last = jnp.max(count) if count.ndim else count
-        ones = jnp.ones(count.shape, jnp.float32)
-        return _real(self.init_value) * jax.lax.fori_loop(jnp.ones_like(last), last + 1, step, ones)
 
 
 class multiply_schedules(Schedule):
