@@ -219,7 +219,8 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
             "scale_by_normuon", "keep_params_nonnegative",
             "scale_by_shampoo", "scale_by_soap", "scale_by_sophia",  # eigenbases of real statistics; Hutchinson's signs
             "scale_by_psgd_kron",  # real triangular factors and Gaussian probes
-            "scale_by_madgrad"}  # a cube root of sums of squares, written for real numbers as optax's
+            "scale_by_madgrad",  # a cube root of sums of squares, written for real numbers as optax's
+            "quantized_state"}  # the papers' maps code real numbers: a complex moment is refused by its path
 
 SUPPORTED = {
     "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)

@@ -43,6 +43,7 @@ from updax._domains import Integer, OneOf, Pipeline, Valid, fail, field_quantiza
 from updax._primitives import stateful
 from updax._stage import ScheduledState
 from updax._update import Update
+from updax.updates._kernels import real_only
 
 __all__ = ["QuantizedArray", "QuantizedState", "dynamic_map", "linear_map", "quantized_state"]
 
@@ -200,8 +201,9 @@ _E4M3_MAX = 448.0
 
 
 def quantize(x: jax.Array, fmt: _Format) -> QuantizedArray:
-    """``x`` stored in ``fmt`` (its values in float32)."""
-    x = _as_rows(jnp.asarray(x, jnp.float32))
+    """``x`` stored in ``fmt`` (its values in float32). A constant to derivatives: the codes are a rounding, whose
+    derivative is zero where it is defined."""
+    x = _as_rows(jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)))
     if fmt.rank1:
         scales, normalizer = _rank1(x)
         codes = _encode(x / _safe(normalizer), _map(4, False))
@@ -350,6 +352,7 @@ def _init_quantized_state(params, *, inner, bits, block_size, min_size, formats)
 
 
 def _apply_quantized_state(updates, state, params, *, inner, bits, block_size, min_size, formats, **extra):
+    real_only("quantized_state", updates)  # the maps code real numbers
     needing = [stage.label for stage in inner.stages if stage.needs_params]
     if params is None and needing and jax.tree.leaves(updates):
         raise ValueError(f"quantized_state needs params ({needing[0]} reads them), but update() got none: call "
@@ -440,6 +443,9 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
     and a restored checkpoint resumes bit for bit. With :func:`flat_state`
     inside it (``opt.flat_state().quantized_state()``) the joined buffers are
     quantized block by block: many small leaves become one large one.
+    Complex updates are refused (the maps code real numbers), and
+    derivatives through steps take the stored state as a constant (a
+    rounding's derivative is zero where it is defined).
 
     Args:
         bits: the storage of the quantizable fields, ``8``, ``4`` or
