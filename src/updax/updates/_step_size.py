@@ -273,10 +273,11 @@ def scale_by_multiplicative_lr(learning_rate: Scalar, lr_lambda: ScheduleLike) -
     ``opt.get_state(state, "scale_by_multiplicative_lr.learning_rate")``
     (torch's ``get_last_lr()``), and a rate written there with
     ``replace_state`` is multiplied on from there, as torch multiplies the
-    optimizer's current rate. The product is float32, rounded once per step
-    (a relative error of at most about $t \cdot 2^{-24}$ after $t$ steps);
-    for a constant factor, ``schedules.exponential_decay(lr, decay_rate=f,
-    transition_steps=1)`` computes the power at once. Past $2^{31} - 1$
+    optimizer's current rate. The product is float32: each step rounds the
+    factor and the product, so the relative error after $t$ steps is at
+    most about $2t \cdot 2^{-24}$; for a constant factor,
+    ``schedules.exponential_decay(lr, decay_rate=f, transition_steps=1)``
+    computes the power at once. Past $2^{31} - 1$
     steps the count saturates and $\lambda$ is called with $2^{31} - 1$.
     The learning rate is positive and this stage gives the step its sign, as
     :func:`scale_by_learning_rate` does.
