@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import updax as ux
-from registry import half_squared_norm, nested_tree, updates_for
+from registry import _odd_epochs_decay, half_squared_norm, nested_tree, updates_for
 
 BEFORE, AFTER = 2, 2  # steps before the checkpoint, and after it
 
@@ -24,6 +24,7 @@ CASES["hyperparams_in_state.adamw"] = lambda: ux.hyperparams_in_state(ux.optimiz
 CASES["schedule.adam"] = lambda: ux.optimizers.adam(ux.schedules.cosine_decay(0.05, decay_steps=10))
 CASES["lbfgs"] = lambda: ux.optimizers.lbfgs(0.05, objective=half_squared_norm)  # its line search needs one
 CASES["sophia"] = lambda: ux.optimizers.sophia(0.05, objective=half_squared_norm)  # its Hessian estimate needs one
+CASES["multiplicative_lr.adam"] = lambda: ux.scale_by_adam().scale_by_multiplicative_lr(0.05, _odd_epochs_decay)
 
 
 def params():

@@ -26,6 +26,11 @@ def _halving(count):
     return 0.5 ** (count / 2)
 
 
+def _odd_epochs_decay(epoch):
+    """MultiplicativeLR's factor: 0.9 on odd epochs, 1 on even ones."""
+    return jnp.where(epoch % 2 == 1, 0.9, 1.0)
+
+
 def _three_in_four(step):
     """The conditional wrappers' choice: all calls but every fourth from the first (so, at the int32 limit, where
     the step saturates at 2**31 - 1, every call: tests/test_counters.py)."""
@@ -77,6 +82,7 @@ ENTRIES = {
     "scale_by_schedule": lambda: ux.scale_by_schedule(_halving),
     "scale_by_state": lambda: ux.scale_by_state(-0.1),
     "scale_by_learning_rate": lambda: ux.scale_by_learning_rate(0.1),
+    "scale_by_multiplicative_lr": lambda: ux.scale_by_multiplicative_lr(0.1, _odd_epochs_decay),
     "reduce_on_plateau": lambda: ux.reduce_on_plateau(factor=0.5, patience=2, rtol=1e-4, atol=0.0, cooldown=1,
                                                       accumulation_size=1, min_scale=0.01),
     "scale_by_trust_ratio": lambda: ux.scale_by_trust_ratio(min_norm=0.0, trust_coefficient=0.5, eps=1e-6),
@@ -211,7 +217,7 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",
-            "scale_by_learning_rate", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
+            "scale_by_learning_rate", "scale_by_multiplicative_lr", "reduce_on_plateau", "scale_by_sign", "clip_by_block_rms",
             "scale_by_newton_schulz", "scale_by_shape", "freeze", "per_example_global_norm_clip",
             "differentially_private_aggregate", "normalize_by_update_norm", "per_example_layer_norm_clip"}
 

@@ -225,7 +225,8 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
 SUPPORTED = {
     "adaptive_grad_clip", "per_example_global_norm_clip",  # |g|² norms, real factors (tests/test_privacy.py)
     "scale_by_dog", "scale_by_dowg", "scale_by_polyak",
-    "scale", "scale_by_state", "scale_by_schedule", "scale_by_learning_rate", "reduce_on_plateau",
+    "scale", "scale_by_state", "scale_by_schedule", "scale_by_learning_rate", "scale_by_multiplicative_lr",
+    "reduce_on_plateau",
     "scale_by_adam", "scale_by_belief", "scale_by_radam", "scale_by_yogi", "scale_by_amsgrad", "scale_by_adamax",
     "scale_by_nadam", "scale_by_adan", "scale_by_rms", "scale_by_rms_bias_corrected", "scale_by_rss", "scale_by_stddev", "scale_by_stddev_bias_corrected", "scale_by_adadelta",
     "scale_by_trust_ratio", "scale_by_novograd", "scale_by_param_block_rms", "clip_by_block_rms", "scale_by_shape",

@@ -162,6 +162,7 @@ NOT_SCHEDULABLE = {("ema", "init"): "the starting value, a number or a tree shap
                    ("scale_by_dog", "init_step"): "r_eps", ("scale_by_dowg", "init_estim_sq_dist"): "r_eps²",
                    ("scale_by_cocob", "eps"): "the initial L", ("mechanize", "s_init"): "the initial scale",
                    ("loss_scale", "loss_scale"): "the initial loss scale",
+                   ("scale_by_multiplicative_lr", "learning_rate"): "the first rate, multiplied on in the state",
                    # y = b1·x + (1 - b1)·z is carried from step to step with one b1.
                    ("schedule_free", "b1"): "the interpolation weight, fixed for the run"}
 

@@ -210,6 +210,7 @@ def test_the_counter_test_sees_the_counters():
         ("scale_by_nadam", "ScaleByAdamState.count"), ("scale_by_adan", "ScaleByAdanState.count"),
         ("scale_by_amsgrad", "ScaleByAmsgradState.count"), ("scale_by_novograd", "ScaleByNovogradState.count"),
         ("scale_by_muon", "ScaleByMuonState.count"), ("scale_by_schedule", "ScaleByScheduleState.count"),
+        ("scale_by_multiplicative_lr", "ScaleByMultiplicativeLrState.count"),
         ("add_noise", "AddNoiseState.count"), ("ema", "EmaState.count"), ("ema_params", "EmaParamsState.count"),
         ("sma", "SmaState.count"), ("swa", "SwaState.count"), ("swa", "SwaState.snapshots"),
         ("scale_by_factored_rms", "ScaleByFactoredRmsState.count"),

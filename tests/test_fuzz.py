@@ -467,6 +467,13 @@ def _schedule_fns(params):
     return st.one_of(st.just(template), numbers(Range(), schedulable=True).filter(callable))
 
 
+@_structural("scale_by_multiplicative_lr", "lr_lambda", "'a jittable function epoch -> factor >= 0': the "
+                                                           "registry's, or schedules of factors in [0, 2]")
+def _factor_fns(params):
+    template = ENTRIES["scale_by_multiplicative_lr"]().stages[0].option("lr_lambda")
+    return st.one_of(st.just(template), numbers(Range(lo=0.0, hi=2.0), schedulable=True).filter(callable))
+
+
 @_structural("ema", "init", "'a number or a tree shaped like the values'")
 def _ema_init(params):
     value = reals(Range())

@@ -208,6 +208,7 @@ FLOAT32_STATE = {
     # one float32 absmax per block, as the papers' formats have (the codes are 8 or 4 bits whatever the params)
     "quantized_state": {f"[0].inner[0].{field}['{leaf}'].scales" for field in ("mu", "nu") for leaf in ("w", "b")},
     "scale_by_state": {"[0].step_size"},
+    "scale_by_multiplicative_lr": {"[0].learning_rate"},  # the running product, float32 as scale_by_state's
     "schedule_free": {"[0].weight_sum", "[0].max_lr"},
 }
 

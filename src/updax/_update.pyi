@@ -11,7 +11,7 @@ import jax
 
 from updax._domains import Domain, Relation
 from updax._stage import Stage
-from updax._typing import ArrayLike, DType, PyTree, ScalarOrSchedule, ScheduleLike
+from updax._typing import ArrayLike, DType, PyTree, Scalar, ScalarOrSchedule, ScheduleLike
 
 __all__ = ["Update"]
 
@@ -462,6 +462,9 @@ class Update:
     ) -> Update:
         """Replaces each update by MARS's variance-reduced gradient, clipped per leaf. See
         :func:`updax.scale_by_mars`."""
+    def scale_by_multiplicative_lr(self, learning_rate: Scalar, lr_lambda: ScheduleLike) -> Update:
+        """A learning rate multiplied by ``lr_lambda(epoch)`` after every step (torch's ``MultiplicativeLR``).
+        See :func:`updax.scale_by_multiplicative_lr`."""
     def scale_by_muon(
         self,
         ns_coeffs: tuple[float, float, float] | tuple[tuple[float, float, float], ...] | str = ...,

@@ -99,6 +99,7 @@ from updax.updates._step_size import (
     reduce_on_plateau,
     scale,
     scale_by_learning_rate,
+    scale_by_multiplicative_lr,
     scale_by_schedule,
     scale_by_state,
 )
@@ -179,6 +180,7 @@ __all__ = [
     "scale_by_lion",
     "scale_by_madgrad",
     "scale_by_mars",
+    "scale_by_multiplicative_lr",
     "scale_by_muon",
     "scale_by_nadam",
     "scale_by_newton_schulz",

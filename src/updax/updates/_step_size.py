@@ -1,4 +1,5 @@
-"""Step sizes: fixed, tunable, scheduled, a learning rate, and lowering it when the loss plateaus."""
+"""Step sizes: fixed, tunable, scheduled, a learning rate, multiplied by a factor per step, and lowering it when the
+loss plateaus."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from typing import Annotated, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (ANY_REAL, LEARNING_RATE, NON_NEGATIVE, Count, Function, Integer, NonNegativeField,
-                            OneOf, Real, returned, scalar_input)
+                            OneOf, Real, fail, is_concrete, returned, scalar_input)
 from updax._primitives import stateful, stateless
-from updax._typing import ScalarOrSchedule, ScheduleLike
+from updax._typing import Scalar, ScalarOrSchedule, ScheduleLike
 from updax._update import Update
 from updax.updates._kernels import scaled
 
@@ -30,6 +32,13 @@ class ScaleByStateState(NamedTuple):
     """The step size, held in state so outside code can read and replace it."""
 
     step_size: Annotated[jax.Array, ANY_REAL]
+
+
+class ScaleByMultiplicativeLrState(NamedTuple):
+    """The learning rate of the next step (float32), the running product; the steps taken."""
+
+    learning_rate: Annotated[jax.Array, LEARNING_RATE]
+    count: Count
 
 
 class ReduceOnPlateauState(NamedTuple):
@@ -207,6 +216,106 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> Update:
     return stateless(_apply_scale_by_learning_rate, elementwise=True, name="scale_by_learning_rate",
                      options=dict(learning_rate=learning_rate), domains=dict(learning_rate=LEARNING_RATE),
                      schedulable=("learning_rate",))
+
+
+def _init_scale_by_multiplicative_lr(params, *, learning_rate):
+    return ScaleByMultiplicativeLrState(learning_rate=jnp.asarray(learning_rate, jnp.float32),
+                                        count=_tree.zero_count())
+
+
+def _factor(lr_lambda, epoch):
+    """``lr_lambda(epoch)`` as a float32 scalar; a value that is not a real scalar (an array with elements, a
+    bool, a string) is refused by name, under ``jax.jit`` too (shapes are static), and a negative one where it is
+    concrete (a learning rate stays >= 0)."""
+    call, name = "scale_by_multiplicative_lr", "lr_lambda(...)"
+    value = lr_lambda(epoch)
+    try:
+        dtype, shape = jnp.result_type(value), jnp.shape(value)
+    except TypeError:
+        fail(call, name, value, "must return a real scalar", TypeError, "the value it returned")
+    if shape != () or not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        shown = np.asarray(value) if is_concrete(value) else f"<traced {dtype.name}{list(shape)}>"
+        fail(call, name, shown, f"must return a real scalar, not {dtype.name}{list(shape)}", TypeError,
+             "the value it returned")
+    return jnp.asarray(returned(call, "lr_lambda", value, NON_NEGATIVE, epoch)).astype(jnp.float32)
+
+
+def _apply_scale_by_multiplicative_lr(updates, state, params, *, lr_lambda):
+    factor = -state.learning_rate
+    updates = jax.tree.map(lambda g: scaled(g, factor), updates)
+    count = _tree.safe_increment(state.count)  # the epoch of the next step, 1-based as torch's
+    learning_rate = state.learning_rate * _factor(lr_lambda, count)
+    return updates, ScaleByMultiplicativeLrState(learning_rate=learning_rate, count=count)
+
+
+@combinator
+def scale_by_multiplicative_lr(learning_rate: Scalar, lr_lambda: ScheduleLike) -> Update:
+    r"""A learning rate multiplied by ``lr_lambda(epoch)`` after every step (torch's ``MultiplicativeLR``).
+
+    Update rule, with $\eta_0$ = ``learning_rate`` and $\lambda$ = ``lr_lambda``, at the step
+    $t = 0, 1, \ldots$:
+
+    $$
+    \begin{align*}
+    \eta_t &= \eta_0 \prod_{e=1}^{t} \lambda(e) = \eta_{t-1}\, \lambda(t) \\
+    u &\gets -\eta_t\, u
+    \end{align*}
+    $$
+
+    This is the rate torch's ``MultiplicativeLR(optimizer, lr_lambda)``
+    gives the optimizer's step $t$ when ``scheduler.step()`` follows each
+    optimizer step: the scheduler starts at ``last_epoch = 0`` with the
+    optimizer's rate and its $k$-th ``step()`` multiplies the rate by
+    ``lr_lambda(k)``. A function of the count would loop over every step so
+    far; this stage keeps the running product in its state instead, one
+    multiplication per step, so ``state.learning_rate`` is the rate of the
+    next step: read it with
+    ``opt.get_state(state, "scale_by_multiplicative_lr.learning_rate")``
+    (torch's ``get_last_lr()``), and a rate written there with
+    ``replace_state`` is multiplied on from there, as torch multiplies the
+    optimizer's current rate. The product is float32: each step rounds the
+    factor and the product, so the relative error after $t$ steps is at
+    most about $2t \cdot 2^{-24}$; for a constant factor,
+    ``schedules.exponential_decay(lr, decay_rate=f, transition_steps=1)``
+    computes the power at once. Past $2^{31} - 1$
+    steps the count saturates and $\lambda$ is called with $2^{31} - 1$.
+    The learning rate is positive and this stage gives the step its sign, as
+    :func:`scale_by_learning_rate` does.
+
+    Args:
+        learning_rate: the first step's rate $\eta_0$, a number >= 0. It
+            makes the state, so it is not kept with ``hyperparams_in_state``:
+            the state holds the current rate. No default.
+        lr_lambda: a jittable function ``epoch -> factor`` (an int32 count,
+            1 on the first call) returning a real scalar >= 0. A factor for
+            an epoch of ``n`` steps is one that is 1 except where
+            ``epoch % n == 0``. No default.
+
+    Returns:
+        An update object with state
+        ``ScaleByMultiplicativeLrState(learning_rate, count)``, the rate
+        float32.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> def halve_every_other(epoch):
+        ...     return jnp.where(epoch % 2 == 0, 0.5, 1.0)
+        >>> opt = ux.scale_by_multiplicative_lr(0.8, halve_every_other)
+        >>> opt
+        scale_by_multiplicative_lr(learning_rate=0.8, lr_lambda=halve_every_other)
+        >>> state = opt.init(None)
+        >>> for _ in range(3):  # the rates 0.8, 0.8, 0.4
+        ...     u, state = opt.update({"w": jnp.array([1.0])}, state)
+        >>> u["w"], opt.get_state(state, "scale_by_multiplicative_lr.learning_rate")
+        (Array([-0.4], dtype=float32), Array(0.4, dtype=float32))
+
+    References:
+        PyTorch's ``torch.optim.lr_scheduler.MultiplicativeLR``.
+    """
+    return stateful(_init_scale_by_multiplicative_lr, _apply_scale_by_multiplicative_lr, elementwise=True,
+                    name="scale_by_multiplicative_lr", options=dict(learning_rate=learning_rate, lr_lambda=lr_lambda),
+                    domains=dict(learning_rate=LEARNING_RATE, lr_lambda=Function()))
 
 
 def _init_reduce_on_plateau(params, *, mode):
