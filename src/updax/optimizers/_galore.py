@@ -17,7 +17,7 @@ def galore(learning_rate: ScalarOrSchedule = 1e-3, rank: int = 128, update_proj_
            mu_dtype: DType = None, weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
            mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
            maximize: bool = False) -> Update:
-    """GaLore: Adam run on each matrix gradient projected onto its top singular vectors, refreshed every few steps.
+    """GaLore: Adam on each matrix gradient's projection onto its top singular vectors.
 
     Pipeline: ``scale_by_galore(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``,
     optax.contrib.galore's with its default ``scale_by_adam`` inside (``decay`` is its ``weight_decay``, applied

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._combinators import combinator
 from updax._domains import NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField
+from updax._leafwise import per_leaf
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -124,16 +125,23 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
     else:
         new = {}
 
+    def adam(g, m, v):  # the leaves that are not matrices, one at a time, in at least float32
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * jnp.square(g)
+        return adam_direction(m / c1, v, c2, eps, eps_root), m, v
+
+    whole = [i for i, a in enumerate(axes) if a is None]
+    adam_out = dict(zip(whole, zip(*per_leaf(call, adam, ([leaves[i] for i in whole], [mus[i] for i in whole],
+                                                          [nus[i] for i in whole]),
+                                             ("updates", "state.mu", "state.nu"))))) if whole else {}
+
     us, new_mu, new_nu, new_projectors = [], [], [], []
     for i, (g, m, v, q, a) in enumerate(zip(leaves, mus, nus, projectors, axes)):
-        if a is None:  # Adam on the whole leaf
-            c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype)
-            x, mc, vc = g.astype(c), m.astype(c), v.astype(c)
-            mc = b1 * mc + (1 - b1) * x
-            vc = b2 * vc + (1 - b2) * jnp.square(x)
-            us.append(adam_direction(mc / c1, vc, c2, eps, eps_root).astype(g.dtype))
-            new_mu.append(mc.astype(m.dtype))
-            new_nu.append(vc.astype(v.dtype))
+        if a is None:
+            u, mc, vc = adam_out[i]
+            us.append(u)
+            new_mu.append(mc)
+            new_nu.append(vc)
             new_projectors.append(q)
             continue
         x, p = matrices[i], new[i]
