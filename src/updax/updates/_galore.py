@@ -131,9 +131,9 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
         return adam_direction(m / c1, v, c2, eps, eps_root), m, v
 
     whole = [i for i, a in enumerate(axes) if a is None]
-    adam_out = dict(zip(whole, zip(*per_leaf(call, adam, ([leaves[i] for i in whole], [mus[i] for i in whole],
-                                                          [nus[i] for i in whole]),
-                                             ("updates", "state.mu", "state.nu"))))) if whole else {}
+    outs = per_leaf(call, adam, tuple([t[i] for i in whole] for t in (leaves, mus, nus)),
+                    ("updates", "state.mu", "state.nu")) if whole else ([], [], [])
+    adam_out = dict(zip(whole, zip(*outs)))
 
     us, new_mu, new_nu, new_projectors = [], [], [], []
     for i, (g, m, v, q, a) in enumerate(zip(leaves, mus, nus, projectors, axes)):
@@ -185,8 +185,10 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
 
     When $m < n$ the projector is on the right: $P \gets V_{:, 1:r}$, $R = G P$ and $u = \alpha N P^\top$.
     Either way Adam's moments $M, V$ hold the $r \times n$ or $m \times r$ projected gradient, the smaller, and
-    the state per matrix is $2 r \max(m, n) + r \max(m, n)$ numbers instead of Adam's $2 m n$. The moments are
-    kept across a refresh of $P$, as in the paper. Leaves that are not matrices take Adam,
+    the state per matrix is $2 r \min(m, n) + r \max(m, n)$ numbers instead of Adam's $2 m n$. This side is
+    optax's (the authors' code's ``"reverse_std"``); the authors' default (``"std"``) puts the projector on the
+    smaller side and the moments on the larger, $2 r \max(m, n) + r \min(m, n)$ numbers. The moments are kept
+    across a refresh of $P$, as in the paper. Leaves that are not matrices take Adam,
     $u = \hat m / (\sqrt{\hat v + \epsilon_\text{root}} + \epsilon)$, without $\alpha$ (as optax and the
     paper's code scale only the projected leaves).
 
