@@ -22,13 +22,16 @@ from updax._update import Update
 from updax.updates._adam import adam_direction
 from updax.updates._kernels import bias_corrections, real_only
 from updax.updates._muon_dims import DIMENSION_NUMBERS, as_matrices, fans, from_matrices, leaf_axes
+from updax.updates._soap import _gathered, _kept_like, _like
 
 
 class ScaleByGaloreState(NamedTuple):
     """Adam's moments ``mu`` and ``nu`` (for a matrix in its projected coordinates: ``(*batch, r, n)`` when the
     projector is on the left, ``(*batch, m, r)`` on the right; for any other leaf its own shape), the projector of
     each matrix ``projector`` (``(*batch, m, r)`` on the left, ``(*batch, n, r)`` on the right, orthonormal
-    columns; a one-element zero for a leaf that is not a matrix), and the steps taken ``count``."""
+    columns; a one-element zero for a leaf that is not a matrix), and the steps taken ``count``. A matrix's
+    moments and projector are replicated over its param's mesh (split as the param where they have its shape: a
+    full-rank projector of a matrix with more rows, say)."""
 
     mu: Any
     nu: NonNegativeField
@@ -63,13 +66,22 @@ def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=No
             projectors.append(_tree.full((1,), 0.0, dtype, p, dims=(None,)))
             continue
         batch, m, n, r, left = _plan(p, a, rank)
-        dims = a[0] + (None, None)  # split along the leaf's batch axes, whole along the matrix's
-        low = batch + ((r, n) if left else (m, r))
-        mus.append(_tree.full(low, 0.0, mu_dtype if mu_dtype is not None else dtype, p, dims=dims))
-        nus.append(_tree.full(low, 0.0, dtype, p, dims=dims))
-        projectors.append(_tree.full(batch + ((m if left else n), r), 0.0, dtype, p, dims=dims))
+        low, side = batch + ((r, n) if left else (m, r)), batch + ((m if left else n), r)
+
+        def zeros(shape, dtype, p=p):  # replicated over the param's mesh; split as it is where shaped like it
+            return _tree.full(shape, 0.0, dtype, p, dims=None if shape == p.shape else (None,) * len(shape))
+
+        mus.append(zeros(low, mu_dtype if mu_dtype is not None else dtype))
+        nus.append(zeros(low, dtype))
+        projectors.append(zeros(side, dtype))
     return ScaleByGaloreState(mu=treedef.unflatten(mus), nu=treedef.unflatten(nus),
                               projector=treedef.unflatten(projectors), count=_tree.zero_count())
+
+
+def _kept(x, old, g):
+    """A new state leaf placed as ``init`` placed it: split like the update ``g`` where shaped like it, else
+    replicated over its mesh (on an Auto mesh under jit, where XLA would otherwise split it like the updates)."""
+    return _like(x, g) if x.shape == g.shape else _kept_like(x, old)
 
 
 def _svd(x):
@@ -115,7 +127,7 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
         if a is not None:
             c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, q.dtype)
             matrices[i] = as_matrices(g.astype(c), a)
-    old = {i: projectors[i].astype(x.dtype) for i, x in matrices.items()}
+    old = {i: _gathered(projectors[i]).astype(x.dtype) for i, x in matrices.items()}  # (whole, for the products)
 
     def refreshed(xs, qs):
         return {i: _projector(x, qs[i].shape[-1], x.shape[-2] >= x.shape[-1]) for i, x in xs.items()}
@@ -151,10 +163,10 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
         vc = b2 * v.astype(x.dtype) + (1 - b2) * jnp.square(low)
         n = adam_direction(mc / c1, vc, c2, eps, eps_root)
         back = p @ n if left else n @ jnp.swapaxes(p, -1, -2)
-        us.append(from_matrices(scale * back, g, a).astype(g.dtype))
-        new_mu.append(_tree.place_like(mc.astype(m.dtype), m))
-        new_nu.append(_tree.place_like(vc.astype(v.dtype), v))
-        new_projectors.append(_tree.place_like(p.astype(q.dtype), q))
+        us.append(_like(from_matrices(scale * back, g, a).astype(g.dtype), g))
+        new_mu.append(_kept(mc.astype(m.dtype), m, g))
+        new_nu.append(_kept(vc.astype(v.dtype), v, g))
+        new_projectors.append(_kept(p.astype(q.dtype), q, g))
     return treedef.unflatten(us), ScaleByGaloreState(
         mu=treedef.unflatten(new_mu), nu=treedef.unflatten(new_nu), projector=treedef.unflatten(new_projectors),
         count=count)
