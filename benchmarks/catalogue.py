@@ -46,6 +46,8 @@ CATALOGUE = {
     "dog": (lambda: O.dog(), lambda: contrib.dog()),
     "dowg": (lambda: O.dowg(), lambda: contrib.dowg()),
     "fromage": (lambda: O.fromage(1e-3), lambda: optax.fromage(1e-3)),
+    # optax's default base optimizer, scale_by_adam(), is updax's built-in Adam with its defaults.
+    "galore": (lambda: O.galore(1e-3), lambda: contrib.galore(1e-3)),
     "lamb": (lambda: O.lamb(1e-3, eps=1e-6, eps_root=0.0), lambda: optax.lamb(1e-3)),
     "lars": (lambda: O.lars(1e-3), lambda: optax.lars(1e-3)),
     "lion": (lambda: O.lion(1e-4), lambda: optax.lion(1e-4)),

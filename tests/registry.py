@@ -127,6 +127,10 @@ ENTRIES = {
     # (a refresh every 2 steps: the sweeps' second and later steps run the power step, the first the eigh)
     "scale_by_soap": lambda: ux.scale_by_soap(b1=0.9, b2=0.95, shampoo_beta=0.9, eps=1e-8, precondition_frequency=2,
                                               max_precond_dim=64, merge_dims=False),
+    # (rank 2 with a refresh every 2 steps: the sweeps' steps refresh and keep the projectors; stacked leaves are
+    # batches of matrices, each with its own projector, and the rank is clipped on the smaller ones)
+    "scale_by_galore": lambda: ux.scale_by_galore(rank=2, update_proj_gap=2, scale=0.5, b1=0.9, b2=0.999, eps=1e-8,
+                                                  eps_root=0.0, weight_dimension_numbers=_stacked_matrices),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
                                                                 eps=1e-8, weight_dimension_numbers=_stacked_matrices),
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,

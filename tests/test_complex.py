@@ -218,6 +218,7 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
             "clip", "scale_by_sign", "scale_by_lion", "scale_by_rprop", "scale_by_sm3",
             "scale_by_normuon", "keep_params_nonnegative",
             "scale_by_shampoo", "scale_by_soap", "scale_by_sophia",  # eigenbases of real statistics; Hutchinson's signs
+            "scale_by_galore",  # projectors from real SVDs (optax's transposes, without conjugates)
             "scale_by_psgd_kron",  # real triangular factors and Gaussian probes
             "scale_by_madgrad",  # a cube root of sums of squares, written for real numbers as optax's
             "quantized_state"}  # the papers' maps code real numbers: a complex moment is refused by its path

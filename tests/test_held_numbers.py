@@ -39,7 +39,12 @@ EAGER_ATOL = {"scale_by_muon": 5e-5, "scale_by_normuon": 5e-5, "scale_by_zoom_li
               # LaProp's eager and jitted steps part by 1.2e-6 on a param after 4 steps of about 0.05 (float32
               # rounding: each step's updates agree to 4e-7 relative; its bias correction 1 - 0.999^t, which loses
               # three digits, enters every step's momentum)
-              "optimizers/laprop": 5e-6}
+              "optimizers/laprop": 5e-6,
+              # GaLore: the SVDs of the eager program round otherwise in the last bit, and Adam in the projected
+              # coordinates divides each by its own root second moment, which carries that bit further where a
+              # coordinate is near 0 (1.1e-5 on 0.0935 in the registry's stacked layers after 4 steps; its vector's
+              # bias correction 1 - 0.999^t, as LaProp's: 4.3e-6)
+              "scale_by_galore": 5e-5}
 
 
 @pytest.fixture(scope="module")

@@ -420,6 +420,21 @@ class Update:
     ) -> Update:
         """Scales updates by Adafactor's factored estimate of their root mean square. See
         :func:`updax.scale_by_factored_rms`."""
+    def scale_by_galore(
+        self,
+        rank: int = 128,
+        update_proj_gap: int = 200,
+        scale: ScalarOrSchedule = 1.0,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-08,
+        eps_root: ScalarOrSchedule = 0.0,
+        *,
+        mu_dtype: DType = None,
+        weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+    ) -> Update:
+        """Scales updates by GaLore: Adam on each matrix gradient projected onto a low-rank subspace. See
+        :func:`updax.scale_by_galore`."""
     def scale_by_laprop(
         self,
         b1: ScalarOrSchedule = 0.9,

@@ -23,6 +23,7 @@ from updax.optimizers._adam import (
 from updax.optimizers._adam_variants import acprop, ademamix, adopt, laprop, simplified_ademamix
 from updax.optimizers._dual_averaging import madgrad
 from updax.optimizers._factored import adafactor, sm3
+from updax.optimizers._galore import galore
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
 from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
@@ -48,6 +49,7 @@ __all__ = [
     "nadamw", "novograd", "optimistic_adam", "optimistic_gradient_descent",
     "ademamix", "adopt", "simplified_ademamix",
     "soap",
+    "galore",
     "mars_adamw", "mars_lion",
     "cocob", "dadapt_adamw", "dog", "dowg", "polyak_sgd", "prodigy",
     "dpsgd",

@@ -61,6 +61,7 @@ from updax.updates._linesearch import (
 )
 from updax.updates._mars import scale_by_mars
 from updax.updates._masking import freeze, masked, partition, selective_transform
+from updax.updates._galore import scale_by_galore
 from updax.updates._lr_free import (
     mechanize,
     scale_by_cocob,
@@ -174,6 +175,7 @@ __all__ = [
     "scale_by_dog",
     "scale_by_dowg",
     "scale_by_factored_rms",
+    "scale_by_galore",
     "scale_by_laprop",
     "scale_by_lbfgs",
     "scale_by_learning_rate",

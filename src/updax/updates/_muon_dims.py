@@ -149,25 +149,34 @@ def leaf_axes(call: str, spec: Any, updates: Any, params: Any = None) -> list[Ax
             for (path, x), s in zip(flat, specs)]
 
 
-def on_matrices(fn: Callable[[jax.Array], jax.Array], x: jax.Array, axes: Axes) -> jax.Array:
-    """``fn`` on ``x`` seen as a batch of matrices ``(*batch, rows, cols)``; the result shaped and placed like ``x``.
-
-    On a mesh the matrix axes are gathered first (the products contract
-    them) and the batch axes keep their sharding, so each device works on its
-    own matrices; the result is split as ``x`` was.
-    """
+def as_matrices(x: jax.Array, axes: Axes) -> jax.Array:
+    """``x`` seen as a batch of matrices ``(*batch, rows, cols)``: its batch axes first, then its reduction axes
+    flattened into the rows and its output axes into the columns. On a mesh the matrix axes are gathered first
+    (the products contract them) and the batch axes keep their sharding."""
     batch, rows, cols = axes
     order = batch + rows + cols
     gathered = _tree.place_like(x, x, dims=tuple(a if a in batch else None for a in range(x.ndim)))
     if order != tuple(range(x.ndim)):
         gathered = jnp.transpose(gathered, order)
-    shape = tuple(x.shape[a] for a in order)
-    lead = shape[:len(batch)]
-    matrices = gathered.reshape(lead + (math.prod(x.shape[a] for a in rows), math.prod(x.shape[a] for a in cols)))
-    out = fn(matrices).reshape(shape)
+    lead = tuple(x.shape[a] for a in batch)
+    return gathered.reshape(lead + (math.prod(x.shape[a] for a in rows), math.prod(x.shape[a] for a in cols)))
+
+
+def from_matrices(y: jax.Array, x: jax.Array, axes: Axes) -> jax.Array:
+    """Matrices ``y`` as :func:`as_matrices` gives them for ``x``, back in ``x``'s shape and axis order, and split
+    as ``x`` is."""
+    batch, rows, cols = axes
+    order = batch + rows + cols
+    out = y.reshape(tuple(x.shape[a] for a in order))
     if order != tuple(range(x.ndim)):
         out = jnp.transpose(out, tuple(int(a) for a in np.argsort(order)))
     return _tree.place_like(out, x)
+
+
+def on_matrices(fn: Callable[[jax.Array], jax.Array], x: jax.Array, axes: Axes) -> jax.Array:
+    """``fn`` on ``x`` seen as a batch of matrices ``(*batch, rows, cols)`` (:func:`as_matrices`); the result
+    shaped and placed like ``x`` (:func:`from_matrices`), so each device works on its own matrices."""
+    return from_matrices(fn(as_matrices(x, axes)), x, axes)
 
 
 def fans(x: Any, axes: Axes) -> tuple[int, int]:

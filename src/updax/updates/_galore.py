@@ -1,0 +1,268 @@
+"""GaLore: Adam run on each matrix gradient projected onto a low-rank subspace, refreshed every few steps.
+
+Which leaves are matrices, and which of their axes are rows, columns and batch, is ``weight_dimension_numbers``
+(see ``_muon_dims.py``), as for the Muon family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from updax import _tree
+from updax._combinators import combinator
+from updax._domains import NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField
+from updax._leafwise import per_leaf
+from updax._primitives import stateful
+from updax._typing import DType, PyTree, ScalarOrSchedule
+from updax._update import Update
+from updax.updates._adam import adam_direction
+from updax.updates._kernels import bias_corrections, real_only
+from updax.updates._muon_dims import DIMENSION_NUMBERS, as_matrices, fans, from_matrices, leaf_axes
+from updax.updates._soap import _gathered, _kept_like, _like
+
+
+class ScaleByGaloreState(NamedTuple):
+    """Adam's moments ``mu`` and ``nu`` (for a matrix in its projected coordinates: ``(*batch, r, n)`` when the
+    projector is on the left, ``(*batch, m, r)`` on the right; for any other leaf its own shape), the projector of
+    each matrix ``projector`` (``(*batch, m, r)`` on the left, ``(*batch, n, r)`` on the right, orthonormal
+    columns; a one-element zero for a leaf that is not a matrix), and the steps taken ``count``. A matrix's
+    moments and projector are replicated over its param's mesh (split as the param where they have its shape: a
+    full-rank projector of a matrix with more rows, say)."""
+
+    mu: Any
+    nu: NonNegativeField
+    projector: Any
+    count: Count
+
+
+#: What the options of scale_by_galore hold.
+_GALORE_DOMAINS = dict(rank=Integer(1), update_proj_gap=Integer(1), scale=NON_NEGATIVE, b1=UNIT, b2=UNIT,
+                       eps=NON_NEGATIVE, eps_root=NON_NEGATIVE, mu_dtype=FloatDtype(),
+                       weight_dimension_numbers=DIMENSION_NUMBERS)
+
+
+def _plan(p, axes, rank):
+    """A matrix leaf's batch shape, its sizes ``(m, n)``, the rank ``r = min(rank, m, n)`` and whether the
+    projector is on the left (``m >= n``: the projected gradient is ``r x n``, the smaller side)."""
+    m, n = fans(p, axes)
+    return tuple(p.shape[a] for a in axes[0]), m, n, min(rank, m, n), m >= n
+
+
+def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=None):
+    call = "scale_by_galore"
+    leaves, treedef = jax.tree.flatten(params)
+    axes = leaf_axes(call, weight_dimension_numbers, params, params)
+    mus, nus, projectors = [], [], []
+    for p, a in zip(leaves, axes):
+        p = p if isinstance(p, jax.Array) else jnp.asarray(p)
+        dtype = _tree.compute_dtype(p.dtype)
+        if a is None:  # Adam on the whole leaf; no projector (a separate buffer per leaf: donation needs it)
+            mus.append(_tree.accumulator_like(p, mu_dtype))
+            nus.append(_tree.accumulator_like(p, None))
+            projectors.append(_tree.full((1,), 0.0, dtype, p, dims=(None,)))
+            continue
+        batch, m, n, r, left = _plan(p, a, rank)
+        low, side = batch + ((r, n) if left else (m, r)), batch + ((m if left else n), r)
+
+        def zeros(shape, dtype, p=p):  # replicated over the param's mesh; split as it is where shaped like it
+            return _tree.full(shape, 0.0, dtype, p, dims=None if shape == p.shape else (None,) * len(shape))
+
+        mus.append(zeros(low, mu_dtype if mu_dtype is not None else dtype))
+        nus.append(zeros(low, dtype))
+        projectors.append(zeros(side, dtype))
+    return ScaleByGaloreState(mu=treedef.unflatten(mus), nu=treedef.unflatten(nus),
+                              projector=treedef.unflatten(projectors), count=_tree.zero_count())
+
+
+def _kept(x, old, g):
+    """A new state leaf placed as ``init`` placed it: split like the update ``g`` where shaped like it, else
+    replicated over its mesh (on an Auto mesh under jit, where XLA would otherwise split it like the updates)."""
+    return _like(x, g) if x.shape == g.shape else _kept_like(x, old)
+
+
+def _svd(x):
+    """The thin SVD of each matrix of a batch (one seam, so that a test can stand in for a failing solver)."""
+    return jnp.linalg.svd(x, full_matrices=False)
+
+
+def _projector(x, r, left):
+    """The first ``r`` left singular vectors of each matrix of ``x`` (``left``), or its first ``r`` right ones, as
+    columns. A zero or rank-deficient matrix still gets orthonormal columns (the solver completes the basis). A
+    finite matrix on which the solver returns a non-finite vector (a failed convergence) gets the identity's first
+    ``r`` columns instead; a non-finite matrix keeps what the solver gives. Differentiation takes the projector as
+    a constant (singular vectors have no derivative where singular values repeat, as they do at zero)."""
+    *batch, m, n = x.shape
+    side = m if left else n
+    if x.size == 0 or r == 0:
+        return jnp.zeros((*batch, side, r), x.dtype)
+    x = jax.lax.stop_gradient(x)
+    u, _, vh = _svd(x)
+    q = u[..., :, :r] if left else jnp.swapaxes(vh[..., :r, :], -1, -2)
+    solved = jnp.all(jnp.isfinite(q), axis=(-2, -1), keepdims=True)
+    finite = jnp.all(jnp.isfinite(x), axis=(-2, -1), keepdims=True)
+    return jnp.where(solved | ~finite, q, jnp.eye(side, r, dtype=q.dtype))
+
+
+def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, scale, b1, b2, eps, eps_root,
+                           weight_dimension_numbers=None):
+    call = "scale_by_galore"
+    real_only(call, updates)
+    for field in ("mu", "nu", "projector"):
+        _tree.check_same_structure(call, updates, getattr(state, field), "updates", f"state.{field}")
+    leaves, treedef = jax.tree.flatten(updates)
+    mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
+    projectors = treedef.flatten_up_to(state.projector)
+    axes = leaf_axes(call, weight_dimension_numbers, updates, params)
+    count = _tree.safe_increment(state.count)
+    c1, c2 = bias_corrections(count, b1, b2)
+
+    # The matrices, in at least float32, and their projectors: refreshed from their SVDs on the first step and
+    # every update_proj_gap-th after it (steps 1, 1 + gap, 1 + 2 gap, ...), in one conditional for the whole tree.
+    matrices = {}
+    for i, (g, m, v, q, a) in enumerate(zip(leaves, mus, nus, projectors, axes)):
+        if a is not None:
+            c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, q.dtype)
+            matrices[i] = as_matrices(g.astype(c), a)
+    old = {i: _gathered(projectors[i]).astype(x.dtype) for i, x in matrices.items()}  # (whole, for the products)
+
+    def refreshed(xs, qs):
+        return {i: _projector(x, qs[i].shape[-1], x.shape[-2] >= x.shape[-1]) for i, x in xs.items()}
+
+    if matrices:
+        new = jax.lax.cond(state.count % update_proj_gap == 0, refreshed, lambda xs, qs: qs, matrices, old)
+    else:
+        new = {}
+
+    def adam(g, m, v):  # the leaves that are not matrices, one at a time, in at least float32
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * jnp.square(g)
+        return adam_direction(m / c1, v, c2, eps, eps_root), m, v
+
+    whole = [i for i, a in enumerate(axes) if a is None]
+    outs = per_leaf(call, adam, tuple([t[i] for i in whole] for t in (leaves, mus, nus)),
+                    ("updates", "state.mu", "state.nu")) if whole else ([], [], [])
+    adam_out = dict(zip(whole, zip(*outs)))
+
+    us, new_mu, new_nu, new_projectors = [], [], [], []
+    for i, (g, m, v, q, a) in enumerate(zip(leaves, mus, nus, projectors, axes)):
+        if a is None:
+            u, mc, vc = adam_out[i]
+            us.append(u)
+            new_mu.append(mc)
+            new_nu.append(vc)
+            new_projectors.append(q)
+            continue
+        x, p = matrices[i], new[i]
+        left = x.shape[-2] >= x.shape[-1]
+        low = jnp.swapaxes(p, -1, -2) @ x if left else x @ p  # the projected gradient
+        mc = b1 * m.astype(x.dtype) + (1 - b1) * low
+        vc = b2 * v.astype(x.dtype) + (1 - b2) * jnp.square(low)
+        n = adam_direction(mc / c1, vc, c2, eps, eps_root)
+        back = p @ n if left else n @ jnp.swapaxes(p, -1, -2)
+        us.append(_like(from_matrices(scale * back, g, a).astype(g.dtype), g))
+        new_mu.append(_kept(mc.astype(m.dtype), m, g))
+        new_nu.append(_kept(vc.astype(v.dtype), v, g))
+        new_projectors.append(_kept(p.astype(q.dtype), q, g))
+    return treedef.unflatten(us), ScaleByGaloreState(
+        mu=treedef.unflatten(new_mu), nu=treedef.unflatten(new_nu), projector=treedef.unflatten(new_projectors),
+        count=count)
+
+
+@combinator
+def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOrSchedule = 1.0,
+                    b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
+                    eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
+                    weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+    r"""Scales updates by GaLore: Adam on each matrix gradient projected onto a low-rank subspace.
+
+    Update rule, for a matrix gradient $G$ of shape $m \times n$ at step $t$ (counting from 1), with
+    $r = \min(\text{rank}, m, n)$, $T$ = ``update_proj_gap``, $\alpha$ = ``scale``, $b_1$ = ``b1``,
+    $b_2$ = ``b2``, $\epsilon$ = ``eps``, $\epsilon_\text{root}$ = ``eps_root``, and $G = U S V^\top$ the
+    thin SVD, when $m \ge n$ (the projector $P$ on the left):
+
+    $$
+    \begin{align*}
+    P &\gets U_{:, 1:r} \qquad \text{if } t \equiv 1 \pmod T \\
+    R &= P^\top G \\
+    M &\gets b_1 M + (1 - b_1)\, R \\
+    V &\gets b_2 V + (1 - b_2)\, R^2 \\
+    N &= \frac{M / (1 - b_1^t)}{\sqrt{V / (1 - b_2^t) + \epsilon_\text{root}} + \epsilon} \\
+    u &= \alpha\, P N
+    \end{align*}
+    $$
+
+    When $m < n$ the projector is on the right: $P \gets V_{:, 1:r}$, $R = G P$ and $u = \alpha N P^\top$.
+    Either way Adam's moments $M, V$ hold the $r \times n$ or $m \times r$ projected gradient, the smaller, and
+    the state per matrix is $2 r \min(m, n) + r \max(m, n)$ numbers instead of Adam's $2 m n$. This side is
+    optax's (the authors' code's ``"reverse_std"``); the authors' default (``"std"``) puts the projector on the
+    smaller side and the moments on the larger, $2 r \max(m, n) + r \min(m, n)$ numbers. The moments are kept
+    across a refresh of $P$, as in the paper. Leaves that are not matrices take Adam,
+    $u = \hat m / (\sqrt{\hat v + \epsilon_\text{root}} + \epsilon)$, without $\alpha$ (as optax and the
+    paper's code scale only the projected leaves).
+
+    Which leaves are matrices is ``weight_dimension_numbers``, as for :func:`scale_by_muon`: by default every
+    leaf with two axes, rows first; a leaf with dimension numbers is a batch of matrices (its reduction axes the
+    rows, its output axes the columns, any other axis the batch), each with its own projector. The refresh is a
+    ``lax.cond`` on the step count for the whole tree: the jitted step is one program, and the SVDs run only on
+    refresh steps. The SVD runs in at least float32 (the state too, for bfloat16 params). A zero or
+    rank-deficient gradient still gives orthonormal columns, never NaN: a zero matrix keeps a zero update. Where
+    the solver returns a non-finite vector for a finite matrix (a failed convergence), the projector is the
+    identity's first $r$ columns. Differentiating through the step takes the projector as a constant.
+
+    Args:
+        rank: the rank $r$ of the projection, an integer >= 1; a matrix
+            whose smaller side is shorter uses that side. Static.
+            Default: ``128``.
+        update_proj_gap: the steps $T$ between refreshes of the
+            projectors, an integer >= 1 (1: every step). Static.
+            Default: ``200``.
+        scale: the factor $\alpha$ of the projected-back update of the
+            matrices, >= 0 (the paper takes 0.25). Default: ``1.0``.
+        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
+        eps: added to the denominator, >= 0. Default: ``1e-08``.
+        eps_root: added to the second moment inside the root, >= 0.
+            Default: ``0.0``.
+        mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but
+            at least float32 (``nu`` and the projectors are at least
+            float32). Default: ``None``.
+        weight_dimension_numbers: which leaves are matrices and which of
+            their axes, as in :func:`scale_by_newton_schulz`: a pytree of
+            :class:`MuonDimensionNumbers` or None (not a matrix) shaped like
+            the updates or a prefix of them, or a function of the params
+            returning one; None makes every leaf with two axes an
+            ``(in, out)`` matrix. Default: ``None``.
+
+    Returns:
+        An update object with state ``ScaleByGaloreState(mu, nu, projector, count)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> opt = ux.scale_by_galore(rank=1, update_proj_gap=10)
+        >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+        >>> g = {"w": jnp.array([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]]), "b": jnp.array([3.0, -1.0])}
+        >>> u, state = opt.update(g, opt.init(params))
+        >>> u["w"].round(4)  # Adam's step on the top singular direction only
+        Array([[1., 0.],
+               [0., 0.],
+               [0., 0.]], dtype=float32)
+        >>> opt.get_state(state, "scale_by_galore.mu")["w"].shape  # one row of 2: rank 1, projector on the left
+        (1, 2)
+        >>> u["b"].round(4)  # not a matrix: Adam
+        Array([ 1., -1.], dtype=float32)
+
+    References:
+        Zhao et al., "GaLore: Memory-Efficient LLM Training by Gradient
+        Low-Rank Projection", ICML 2024. https://arxiv.org/abs/2403.03507
+    """
+    options = dict(rank=rank, update_proj_gap=update_proj_gap, scale=scale, b1=b1, b2=b2, eps=eps,
+                   eps_root=eps_root, mu_dtype=mu_dtype, weight_dimension_numbers=weight_dimension_numbers)
+    # The rank shapes the state and the refresh period is a step of the program: structure, not data.
+    return stateful(_init_scale_by_galore, _apply_scale_by_galore, name="scale_by_galore", options=options,
+                    domains=_GALORE_DOMAINS, static=("rank", "update_proj_gap", "weight_dimension_numbers"),
+                    schedulable=("scale", "b1", "b2", "eps", "eps_root"))
