@@ -561,16 +561,18 @@ def float32_digits_loss():
     return _train(O.adamw(1e-3, decay=1e-4))[0]
 
 
-@pytest.mark.parametrize("bits, within", [(8, 0.02), (4, 0.05)])
-def test_adamw_on_the_digits_mlp_ends_near_float32(bits, within, float32_digits_loss):
+@pytest.mark.parametrize("bits, within, rounding", [(8, 0.02, "nearest"), (4, 0.05, "nearest"),
+                                                    (8, 0.02, "stochastic")])
+def test_adamw_on_the_digits_mlp_ends_near_float32(bits, within, rounding, float32_digits_loss):
     # 600 steps of AdamW at 1e-3 on minibatches of 64 digits; the loss on all of them at the end. Quantized, the
     # loss ends at most 2% (8 bits) or 5% (4 bits) above float32's. (Below it is allowed: 8-bit second moments
     # round the small increments of an EMA of b2 = 0.999 away, so they lag, and the steps are larger: on this
     # short run the loss ends lower, see docs/memory.md.)
-    loss, state = _train(O.adamw(1e-3, decay=1e-4).quantized_state(bits=bits, min_size=1024))
+    # Stochastically (8 bits), the increments are kept in expectation: 6% below float32's rather than 35%.
+    loss, state = _train(O.adamw(1e-3, decay=1e-4).quantized_state(bits=bits, min_size=1024, rounding=rounding))
     assert len(_stored(state)) == 4  # both weight matrices' mu and nu
     assert loss <= (1 + within) * float32_digits_loss, (loss, float32_digits_loss)
-    assert loss >= 0.5 * float32_digits_loss, (loss, float32_digits_loss)
+    assert loss >= (0.9 if rounding == "stochastic" else 0.5) * float32_digits_loss, (loss, float32_digits_loss)
 
 
 # --------------------------------------------------------------------------
