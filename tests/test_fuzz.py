@@ -640,6 +640,11 @@ def _quantized_formats(params):
     return st.sampled_from([None, {"scale_by_adam.nu": "float8"}])
 
 
+@_structural("quantized_state", "rounding", "'\"nearest\" or \"stochastic\"'")
+def _quantized_roundings(params):
+    return st.sampled_from(["nearest", "stochastic"])
+
+
 def _structural_for(target: str, option: str):
     return STRUCTURAL.get((target, option)) or STRUCTURAL.get(("*", option))
 

@@ -229,6 +229,7 @@ class Update:
         block_size: int | None = None,
         min_size: int = 4096,
         formats: dict[str, int | str | None] | None = None,
+        rounding: str = 'nearest',
     ) -> Update:
         """The pipeline before it, its moments stored in 8 or 4 bits (or float8) between steps. See
         :func:`updax.quantized_state`."""

@@ -24,8 +24,15 @@ absolute maximum, or of its rank-1 normalizer):
   explode).
 - float8: ``float8_e4m3fn`` of the value times :math:`448 / \text{absmax}`.
 
-A value is stored as the nearest value of its map (ties to the smaller),
-its code that value's rank among the map's sorted values.
+A value is stored as the nearest value of its map, its code that value's
+rank among the map's sorted values: the number of the map's midpoints
+(taken in float32, ``(a + b) / 2``) strictly below it, so a value on a
+midpoint takes the smaller code. The code is computed directly, with no
+search over the map: a linear map's from ``16 x``, a dynamic map's from the
+decade of ``|x|`` and the bin of its fraction (:func:`_below`), then one
+comparison with the float32 midpoint above (a lookup in a table of
+``2**bits``, or for the linear map exact arithmetic) decides between the
+two neighbours.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from updax import _tree
+from updax import _rounding, _tree
 from updax._combinators import combinator
 from updax._domains import Integer, OneOf, Pipeline, Valid, fail, field_quantizable
 from updax._primitives import stateful
@@ -50,9 +57,11 @@ __all__ = ["QuantizedArray", "QuantizedState", "dynamic_map", "linear_map", "qua
 
 class QuantizedState(NamedTuple):
     """The wrapped pipeline's state with each eligible leaf stored as a ``QuantizedArray`` (see
-    :func:`quantized_state`)."""
+    :func:`quantized_state`), and with ``rounding="stochastic"`` the ``count`` of steps taken (uint32, wrapping
+    at 2**32), which keys each step's random bits; None otherwise."""
 
     inner: tuple
+    count: Any = None
 
 
 class QuantizedArray(NamedTuple):
@@ -102,22 +111,112 @@ def _map(bits: int, signed: bool) -> np.ndarray:
 # Codes
 
 
-def _encode(normalized: jax.Array, values: np.ndarray) -> jax.Array:
-    """The rank (uint8) of the nearest of the sorted ``values`` to each element, ties to the smaller: a
-    bisection over their midpoints, unrolled (one comparison and one lookup in a table of 2**bits per level)."""
-    ranked = values.astype(np.float32)
-    mids = np.append((ranked[1:] + ranked[:-1]) / 2, np.inf)
-    step = len(values) // 2  # (the first level against one midpoint: a lookup at constant indices XLA would fold)
-    index = jnp.where(normalized > np.float32(mids[step - 1]), step, 0).astype(jnp.int32)
-    step //= 2
-    while step:
-        index = jnp.where(normalized > _lookup(mids, index + (step - 1)), index + step, index)
-        step //= 2
-    return index.astype(jnp.uint8)
+def _encode(normalized: jax.Array, bits: int, signed: bool) -> jax.Array:
+    """The rank (uint8) of the nearest value of the map to each element, ties to the smaller: the code computed
+    arithmetically (:func:`_below`), then one comparison with the float32 midpoint above it. Equal to counting
+    the map's float32 midpoints below the element (what a search over them gives), NaN to code 0."""
+    values = _map(bits, signed).astype(np.float32)
+    mids = np.append((values[1:] + values[:-1]) / 2, np.inf).astype(np.float32)
+    low = _below(normalized, bits, signed)
+    if bits == 4 and not signed:  # (the linear map's midpoints (2 r + 3) / 32, exact, as is 32 x)
+        above = jnp.clip(normalized, -1.0, 2.0) * np.float32(32) > (2 * low + 3).astype(jnp.float32)
+    else:
+        above = normalized > _lookup(mids, low)
+    code = jnp.minimum(low + above.astype(jnp.int32), 2**bits - 1)
+    return jnp.where(jnp.isnan(normalized), 0, code).astype(jnp.uint8)
 
 
-def _decode(codes: jax.Array, values: np.ndarray) -> jax.Array:
-    return _lookup(values, codes.astype(jnp.int32))
+def _below(x: jax.Array, bits: int, signed: bool) -> jax.Array:
+    """A rank (int32) ``r`` of the sorted map whose value or its upper neighbour is the nearest to each element
+    of ``x``: the rank of the largest map value not above it, computed arithmetically. Its float32 rounding
+    moves it by one only within a few roundings of a map value, where the nearest is that value and both ranks
+    around it lead there.
+
+    - linear map without zero: value ``(i + 1) / 16`` at rank ``i``, so ``floor(16 x) - 1``.
+    - dynamic map, ``M`` magnitude bits: the magnitude ``m`` in the decade ``d`` (``10**-(d+1) <= m < 10**-d``,
+      the last decade taking everything below it) has ``k = M - 1 - d`` fraction bits, its bins' centres
+      ``c_j = (0.1 + 0.9 (j + 1/2) / 2**k) 10**-d`` at the pattern ``2**k + j`` (the patterns sorted as their
+      values): below ``m``, ``j = floor((m 10**d - 0.1) 2**k / 0.9 - 1/2)``; a ``j`` of -1 is the decade
+      below's largest centre (pattern ``2**k - 1``), so the formula runs on across decades. Signed: the
+      positives at ranks ``2**M - 1 + pattern`` (0 at ``2**M - 1``, 1 at the top), the negatives mirrored below
+      0, where the largest value not above ``-m`` is the one whose magnitude is one pattern above ``m``'s.
+    """
+    top = 2**bits - 1
+    if bits == 4 and not signed:
+        low = jnp.floor(jnp.clip(x, -1.0, 2.0) * np.float32(16)) - 1
+        return jnp.clip(jnp.where(jnp.isnan(low), 0, low), 0, top).astype(jnp.int32)
+    magnitude_bits = bits - 1 if signed else bits
+    m = jnp.abs(x) if signed else x  # (an unsigned map's negative values fall to code 0)
+    m = jnp.clip(m, -1.0, 2.0)
+    scale = jnp.ones_like(m)  # 10**d
+    slope = jnp.full_like(m, np.float32(2.0 ** (magnitude_bits - 1) / 0.9))  # 2**k / 0.9
+    base = jnp.full_like(m, np.float32(2.0 ** (magnitude_bits - 1)))  # 2**k
+    for d in range(1, magnitude_bits):  # (nested thresholds: the last one below which m lies wins)
+        below = m < np.float32(10.0**-d)
+        k = magnitude_bits - 1 - d
+        scale = jnp.where(below, np.float32(10.0**d), scale)
+        slope = jnp.where(below, np.float32(2.0**k / 0.9), slope)
+        base = jnp.where(below, np.float32(2.0**k), base)
+    j = jnp.floor((m * scale - np.float32(0.1)) * slope - np.float32(0.5))
+    pattern = jnp.clip(base + j, 0, 2**magnitude_bits - 1)
+    pattern = jnp.where(jnp.isnan(pattern), 0, pattern).astype(jnp.int32)
+    if not signed:
+        return pattern
+    zero = 2**magnitude_bits - 1
+    return jnp.clip(jnp.where(x < 0, zero - 1 - pattern, zero + pattern), 0, top)
+
+
+def _encode_stochastic(x: jax.Array, bits: int, signed: bool, uniform: jax.Array) -> jax.Array:
+    """The code (uint8) of one of the two map values around each element, the upper with probability
+    proportional to the element's distance from the lower, so that the value stored is the element in
+    expectation (stochastic rounding). ``uniform``: float32 draws in [0, 1), ``x``'s shape. Below the map's
+    smallest value (the linear map's 1/16) the smallest is stored, above its largest the largest; NaN takes code
+    0. A map value is stored as it is."""
+    top = 2**bits - 1
+    low = _below(x, bits, signed)  # (the largest value not above x, or one rank off within roundings of one)
+    low = low + (x >= _value(low + 1, bits, signed)).astype(jnp.int32) - (x < _value(low, bits, signed)).astype(
+        jnp.int32)
+    low = jnp.clip(low, 0, top - 1)
+    lo, hi = _value(low, bits, signed), _value(low + 1, bits, signed)
+    up = uniform < jnp.clip((x - lo) / (hi - lo), 0.0, 1.0)
+    return jnp.where(jnp.isnan(x), 0, low + up.astype(jnp.int32)).astype(jnp.uint8)
+
+
+def _value(rank: jax.Array, bits: int, signed: bool) -> jax.Array:
+    """The map's value of each ``rank`` (int32, 0 .. 2**bits), +inf past the largest."""
+    if bits == 4 and not signed:
+        return jnp.where(rank > 15, np.float32(np.inf), (rank + 1).astype(jnp.float32) * np.float32(1 / 16))
+    return _lookup(np.append(_map(bits, signed).astype(np.float32), np.float32(np.inf)), rank)
+
+
+def _float8_stochastic(y: jax.Array, uniform: jax.Array) -> jax.Array:
+    """``y`` (float32, within float8_e4m3fn's range) as float8_e4m3fn rounded stochastically: its magnitude
+    between the two float8 magnitudes around it (consecutive bit patterns, 0 to 0x7E), the upper with probability
+    proportional to the distance from the lower, the sign kept."""
+    magnitude = jnp.abs(y)
+    nearest = magnitude.astype(jnp.float8_e4m3fn)
+    pattern = jax.lax.bitcast_convert_type(nearest, jnp.uint8)
+    low = jnp.where(nearest.astype(jnp.float32) > magnitude, pattern - 1, pattern)
+    high = jnp.minimum(low + 1, 0x7E).astype(jnp.uint8)
+    lo = jax.lax.bitcast_convert_type(low, jnp.float8_e4m3fn).astype(jnp.float32)
+    hi = jax.lax.bitcast_convert_type(high, jnp.float8_e4m3fn).astype(jnp.float32)
+    chance = jnp.where(hi > lo, (magnitude - lo) / jnp.where(hi > lo, hi - lo, 1.0), 0.0)
+    chosen = jnp.where(uniform < chance, high, low) | jnp.where(y < 0, np.uint8(0x80), np.uint8(0))
+    out = jax.lax.bitcast_convert_type(chosen.astype(jnp.uint8), jnp.float8_e4m3fn)
+    return jnp.where(jnp.isnan(y), y.astype(jnp.float8_e4m3fn), out)
+
+
+def _uniform(bits: jax.Array) -> jax.Array:
+    """Uniform float32 draws in [0, 1) on a grid of 2**-24 from uint32 random bits (their top 24)."""
+    return (bits >> 8).astype(jnp.float32) * np.float32(2.0**-24)
+
+
+def _decode(codes: jax.Array, bits: int, signed: bool) -> jax.Array:
+    """The value of each code: the linear map's ``(i + 1) / 16`` computed (exact in float32), a dynamic map's
+    looked up in its table."""
+    if bits == 4 and not signed:
+        return (codes.astype(jnp.int32) + 1).astype(jnp.float32) * np.float32(1 / 16)
+    return _lookup(_map(bits, signed), codes.astype(jnp.int32))
 
 
 def _lookup(values: np.ndarray, index: jax.Array) -> jax.Array:
@@ -129,16 +228,19 @@ def _lookup(values: np.ndarray, index: jax.Array) -> jax.Array:
 
 
 def _pack(codes: jax.Array) -> jax.Array:
-    """Two 4-bit codes per byte along the last axis (an odd last axis padded with a code 0)."""
+    """Two 4-bit codes per byte along the last axis, the first in the low half (an odd last axis padded with a
+    code 0). Each pair read as one 16-bit word (a bitcast: the first byte its low one, on every platform JAX
+    runs on), which XLA fuses into the codes' kernel without the slow strided reads of slicing the pairs."""
     if codes.shape[-1] % 2:
         codes = jnp.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, 1)])
-    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return pairs[..., 0] | (pairs[..., 1] << 4)
+    words = jax.lax.bitcast_convert_type(codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2), jnp.uint16)
+    return ((words & 15) | ((words >> 8) << 4)).astype(jnp.uint8)
 
 
 def _unpack(packed: jax.Array, last: int) -> jax.Array:
-    pairs = jnp.stack([packed & 15, packed >> 4], axis=-1)
-    return pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])[..., :last]
+    words = (packed & 15).astype(jnp.uint16) | ((packed >> 4).astype(jnp.uint16) << 8)
+    codes = jax.lax.bitcast_convert_type(words, jnp.uint8)
+    return codes.reshape(*packed.shape[:-1], 2 * packed.shape[-1])[..., :last]
 
 
 # --------------------------------------------------------------------------
@@ -200,33 +302,43 @@ class _Format(NamedTuple):
 _E4M3_MAX = 448.0
 
 
-def quantize(x: jax.Array, fmt: _Format) -> QuantizedArray:
-    """``x`` stored in ``fmt`` (its values in float32). A constant to derivatives: the codes are a rounding, whose
-    derivative is zero where it is defined."""
+def quantize(x: jax.Array, fmt: _Format, random: jax.Array | None = None) -> QuantizedArray:
+    """``x`` stored in ``fmt`` (its values in float32), rounded to nearest, or stochastically by ``random``
+    (uint32 bits of ``x``'s shape, a scalar's of shape (1,)). A constant to derivatives: the codes are a rounding,
+    whose derivative is zero where it is defined."""
     x = _as_rows(jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)))
+
+    def encode(normalized, bits, signed):
+        if random is None:
+            return _encode(normalized, bits, signed)
+        return _encode_stochastic(normalized, bits, signed, _uniform(random))
+
     if fmt.rank1:
         scales, normalizer = _rank1(x)
-        codes = _encode(x / _safe(normalizer), _map(4, False))
+        codes = encode(x / _safe(normalizer), 4, False)
         return QuantizedArray(_pack(codes), scales)
     blocks = _blocked(x, fmt.block)
     absmax = jnp.max(jnp.abs(blocks), axis=-1)
     normalized = _unblocked(blocks / _safe(absmax)[..., None], x.shape[-1])
     if fmt.bits == "float8":
-        return QuantizedArray((normalized * _E4M3_MAX).astype(jnp.float8_e4m3fn), absmax)
-    codes = _encode(normalized, _map(fmt.bits, fmt.signed))
+        scaled = normalized * _E4M3_MAX
+        if random is not None:
+            return QuantizedArray(_float8_stochastic(scaled, _uniform(random)), absmax)
+        return QuantizedArray(scaled.astype(jnp.float8_e4m3fn), absmax)
+    codes = encode(normalized, fmt.bits, fmt.signed)
     return QuantizedArray(_pack(codes) if fmt.bits == 4 else codes, absmax)
 
 
 def _dequantize(q: QuantizedArray, fmt: _Format, shape: tuple, dtype: Any) -> jax.Array:
     last = 1 if not shape else shape[-1]
     if fmt.rank1:
-        x = _decode(_unpack(q.codes, last), _map(4, False)) * _normalizer(tuple(q.scales))
+        x = _decode(_unpack(q.codes, last), 4, False) * _normalizer(tuple(q.scales))
     else:
         if fmt.bits == "float8":
             normalized = q.codes.astype(jnp.float32) / _E4M3_MAX
         else:
             codes = _unpack(q.codes, last) if fmt.bits == 4 else q.codes
-            normalized = _decode(codes, _map(fmt.bits, fmt.signed))
+            normalized = _decode(codes, fmt.bits, fmt.signed)
         x = _unblocked(_blocked(normalized, fmt.block) * q.scales[..., None], last)
     return x.reshape(shape).astype(dtype)
 
@@ -276,7 +388,7 @@ def _map_fields(pipeline: Update, state: Any, fn, prefix: str = "") -> Any:
 # The wrapper
 
 
-def _plan(inner, abstract, *, bits, block_size, min_size, formats, call="quantized_state"):
+def _plan(inner, abstract, *, bits, block_size, min_size, formats, rounding="nearest", call="quantized_state"):
     """``{path: (declaration, bits or None)}`` for every field of the abstract state, the ``formats`` asked
     for checked against them; refuses by name what cannot be quantized."""
     found = {}
@@ -312,9 +424,11 @@ def _plan(inner, abstract, *, bits, block_size, min_size, formats, call="quantiz
     return plan
 
 
-def _transform(inner, state, abstract, plan, *, block_size, min_size, to_storage):
+def _transform(inner, state, abstract, plan, *, block_size, min_size, to_storage, random=None):
     """``state`` with each eligible leaf quantized (``to_storage``) or dequantized, the ``abstract`` float state
-    giving each leaf's shape and dtype."""
+    giving each leaf's shape and dtype. ``random``: quantize the ``i``-th eligible leaf (in the walk's order)
+    stochastically with the bits ``random(i, x)`` (None: to nearest)."""
+    stored = []
     flat_abstract = {}
 
     def record(path, declared, value):
@@ -332,7 +446,10 @@ def _transform(inner, state, abstract, plan, *, block_size, min_size, to_storage
             if math.prod(like.shape) < min_size or not jnp.issubdtype(like.dtype, jnp.floating):
                 return x
             fmt = _format(bits, declared.signed, block_size, len(like.shape))
-            return quantize(x, fmt) if to_storage else _dequantize(x, fmt, like.shape, like.dtype)
+            if not to_storage:
+                return _dequantize(x, fmt, like.shape, like.dtype)
+            stored.append(path)
+            return quantize(x, fmt, None if random is None else random(len(stored) - 1, _as_rows(x)))
 
         return jax.tree.map(leaf, flat_abstract[path], value)
 
@@ -343,15 +460,36 @@ def _abstract(inner, like):
     return jax.eval_shape(inner.init, like)
 
 
-def _init_quantized_state(params, *, inner, bits, block_size, min_size, formats):
+def _init_quantized_state(params, *, inner, bits, block_size, min_size, formats, rounding):
     state = inner.init(params)
     abstract = _abstract(inner, params)
     plan = _plan(inner, abstract, bits=bits, block_size=block_size, min_size=min_size, formats=formats)
+    count = jnp.zeros((), jnp.uint32) if rounding == "stochastic" else None
     return QuantizedState(inner=_transform(inner, state, abstract, plan, block_size=block_size,
-                                           min_size=min_size, to_storage=True))
+                                           min_size=min_size, to_storage=True), count=count)
 
 
-def _apply_quantized_state(updates, state, params, *, inner, bits, block_size, min_size, formats, **extra):
+#: Mixed with the step count into stochastic rounding's seeds, so that its bits are not apply_updates' bits for
+#: a key of the same count.
+_SALT = 0x51A7E0F5
+
+
+def _count_eligible(inner, abstract, plan, *, min_size):
+    """How many leaves of the state are stored quantized."""
+    found = []
+
+    def visit(path, declared, value):
+        if plan[path][1] is not None:
+            found.extend(x for x in jax.tree.leaves(value)
+                         if math.prod(x.shape) >= min_size and jnp.issubdtype(x.dtype, jnp.floating))
+        return value
+
+    _map_fields(inner, abstract, visit)
+    return len(found)
+
+
+def _apply_quantized_state(updates, state, params, *, inner, bits, block_size, min_size, formats, rounding,
+                           **extra):
     real_only("quantized_state", updates)  # the maps code real numbers
     needing = [stage.label for stage in inner.stages if stage.needs_params]
     if params is None and needing and jax.tree.leaves(updates):
@@ -362,7 +500,19 @@ def _apply_quantized_state(updates, state, params, *, inner, bits, block_size, m
     options = dict(block_size=block_size, min_size=min_size)
     values = _transform(inner, state.inner, abstract, plan, to_storage=False, **options)
     updates, values = inner.update(updates, values, params, **extra)
-    return updates, QuantizedState(inner=_transform(inner, values, abstract, plan, to_storage=True, **options))
+    if rounding == "nearest":
+        return updates, QuantizedState(inner=_transform(inner, values, abstract, plan, to_storage=True, **options))
+    # Each step's bits: a hash of the step count, each stored leaf's position and each element's index
+    # (updax._rounding, as apply_updates draws them), so a jitted step needs no key.
+    count = jnp.asarray(state.count, jnp.uint32)
+    seeds = _rounding.leaf_seeds(jnp.stack([count, jnp.uint32(_SALT)]),
+                                 list(range(_count_eligible(inner, abstract, plan, min_size=min_size))), updates)
+
+    def random(i, x):
+        return _rounding.random_bits(*seeds[i], x.shape, _tree.sharding_like(x))
+
+    stored = _transform(inner, values, abstract, plan, to_storage=True, random=random, **options)
+    return updates, QuantizedState(inner=stored, count=count + jnp.uint32(1))
 
 
 def _block_size(call, name, value):
@@ -393,14 +543,14 @@ def _formats(call, name, value):
 
 #: What quantized_state's options hold (all static: they choose the storage, not numbers of the rule).
 _QUANTIZED_DOMAINS = dict(
-    inner=Pipeline(), bits=OneOf((8, 4, "float8")), min_size=Integer(0),
+    inner=Pipeline(), bits=OneOf((8, 4, "float8")), min_size=Integer(0), rounding=OneOf(("nearest", "stochastic")),
     block_size=Valid(rule=_block_size, text="must be None or a power of two >= 2"),
     formats=Valid(rule=_formats, text="must be None or a dict {state field path: 8, 4, 'float8' or None}"))
 
 
 @combinator(wraps=True)
 def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None = None, min_size: int = 4096,
-                    formats: dict[str, int | str | None] | None = None) -> Update:
+                    formats: dict[str, int | str | None] | None = None, rounding: str = "nearest") -> Update:
     r"""The pipeline before it, its moments stored in 8 or 4 bits (or float8) between steps.
 
     Each state field a stage declares quantizable (first moments
@@ -438,9 +588,18 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
     Blocks run along a leaf's last axis (a row shorter than a block is one
     block), so a block never straddles a shard of a leaf split along its
     other axes; rank-1 maxima of a split axis are a maximum over its shards
-    (exact, so the numbers are those of one device). Quantization is
-    deterministic (round to nearest), so a jitted step equals an eager one
-    and a restored checkpoint resumes bit for bit. With :func:`flat_state`
+    (exact, so the numbers are those of one device). By default a value is
+    rounded to the nearest value of its map. With
+    ``rounding="stochastic"`` it is rounded to one of the two around it,
+    $v_- \le x \le v_+$, the upper with probability
+    $(x - v_-) / (v_+ - v_-)$, so that $\mathbb{E}[Q^{-1}(Q(x))] = x$
+    within the map's range: an EMA's increments below half a code's step
+    (a second moment with $\beta_2 = 0.999$) are kept in expectation
+    rather than dropped on every step. Its random bits are a hash of a step
+    count the state keeps, each stored leaf's position and each element's
+    index (as :func:`~updax.apply_updates` draws them), so a jitted step
+    needs no key. Either way a jitted step equals an eager one and a
+    restored checkpoint resumes bit for bit. With :func:`flat_state`
     inside it (``opt.flat_state().quantized_state()``) the joined buffers are
     quantized block by block: many small leaves become one large one.
     Complex updates are refused (the maps code real numbers), and
@@ -460,10 +619,15 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
             ``"quantized_state/"``), the format ``8``, ``4``, ``"float8"`` or
             None (kept in float), over ``bits``; only fields their stage
             declares quantizable, and never an integer one. Default: ``None``.
+        rounding: ``"nearest"`` (the nearest map value) or
+            ``"stochastic"`` (one of the two around, unbiased; the state
+            keeps a step count for its bits). Default: ``"nearest"``.
 
     Returns:
-        An update object with state ``QuantizedState(inner)``: the wrapped
-        pipeline's state, each stored leaf a ``QuantizedArray(codes, scales)``.
+        An update object with state ``QuantizedState(inner, count)``: the
+        wrapped pipeline's state, each stored leaf a
+        ``QuantizedArray(codes, scales)``, and the step count (uint32) of
+        ``rounding="stochastic"`` (None otherwise).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -485,7 +649,8 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
         Memory Efficient Optimizers with 4-bit States, 2023
         (arXiv:2309.01507).
     """
-    options = dict(inner=inner, bits=bits, block_size=block_size, min_size=min_size, formats=formats)
+    options = dict(inner=inner, bits=bits, block_size=block_size, min_size=min_size, formats=formats,
+                   rounding=rounding)
     return stateful(_init_quantized_state, _apply_quantized_state, name="quantized_state", options=options,
                     domains={k: _QUANTIZED_DOMAINS[k] for k in options}, wraps="inner",
-                    static=("bits", "block_size", "min_size", "formats"))
+                    static=("bits", "block_size", "min_size", "formats", "rounding"))
