@@ -107,6 +107,7 @@ LEFT_OUT = {
     "dpsgd": "takes per-example gradients",
     "lbfgs": "takes the objective's value and its function (a line search)",
     "polyak_sgd": "takes the objective's value",
+    "momo": "takes the objective's value", "momo_adam": "takes the objective's value",
     "shampoo": "optax 0.2.8 has no Shampoo", "soap": "optax 0.2.8 has no SOAP",
     "sophia": "takes the objective's function (Hutchinson's estimate of the Hessian's diagonal)",
     "mars_adamw": "optax 0.2.8 has no MARS", "mars_lion": "optax 0.2.8 has no MARS",

@@ -173,6 +173,10 @@ ENTRIES = {
     "scale_by_dowg": lambda: ux.scale_by_dowg(init_estim_sq_dist=1e-2, eps=1e-4),
     "scale_by_cocob": lambda: ux.scale_by_cocob(alpha=10.0, eps=1e-8),
     "scale_by_polyak": lambda: ux.scale_by_polyak(f_min=0.0, max_learning_rate=0.5, eps=1e-6, variant="sps+"),
+    "scale_by_momo": lambda: ux.scale_by_momo(learning_rate=1.0, momentum=0.9, lower_bound=0.0, decay=0.01,
+                                              adapt_lower_bound=True, decay_form="proximal"),
+    "scale_by_momo_adam": lambda: ux.scale_by_momo_adam(learning_rate=0.1, b1=0.9, b2=0.99, eps=1e-8, lower_bound=0.0,
+                                                        decay=0.01, adapt_lower_bound=False, decay_form="decoupled"),
     "mechanize": lambda: ux.scale_by_adam().scale_by_learning_rate(1.0).mechanize(decay=0.01, eps=1e-8, s_init=1e-6,
                                                                                    num_betas=4),
     "lookahead": lambda: ux.scale_by_adam().scale(-0.1).lookahead(2, 0.5, reset_state=True),
@@ -217,7 +221,8 @@ NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "sc
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",
                 "scale_by_param_block_rms", "ema_params", "swa", "keep_params_nonnegative", "adaptive_grad_clip",
                 "scale_by_lbfgs", "scale_by_zoom_linesearch", "scale_by_backtracking_linesearch", "flat_state",
-                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad", "quantized_state"}
+                "scale_by_sophia", "monitor", "scale_by_param_block_norm", "scale_by_madgrad", "quantized_state",
+                "scale_by_momo", "scale_by_momo_adam"}
 
 #: Entries with no per-param state and no params argument: they accept any update tree.
 ANY_TREE = {"scale_by_polyak", "scale", "clip", "clip_by_global_norm", "centralize", "scale_by_schedule", "scale_by_state", "add_noise",

@@ -20,7 +20,8 @@ DOCUMENTED = ([(ux, name) for name in PUBLIC] + [(ux.optimizers, name) for name 
               + [(ux.schedules, name) for name in ux.schedules.__all__ if name != "Schedule"]
               + [(ux.sharding, name) for name in ux.sharding.__all__]
               + [(ux.interop, name) for name in ux.interop.__all__]
-              + [(ux.microbatching, name) for name in ux.microbatching.__all__ if name != "Accumulator"])
+              + [(ux.microbatching, name) for name in ux.microbatching.__all__
+                 if name not in ("Accumulator", "AccumulationType", "MicroGradAux")])
 
 
 def _args_section(doc):

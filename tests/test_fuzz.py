@@ -601,6 +601,14 @@ def _polyak_variants(params):
     return st.sampled_from(["sps", "sps+"])
 
 
+@_structural("scale_by_momo", "decay_form", "'\"proximal\" or \"decoupled\"'")
+@_structural("scale_by_momo_adam", "decay_form", "'\"proximal\" or \"decoupled\"'")
+@_structural("optimizers.momo", "decay_form", "scale_by_momo.decay_form")
+@_structural("optimizers.momo_adam", "decay_form", "scale_by_momo_adam.decay_form")
+def _momo_decay_forms(params):
+    return st.sampled_from(["proximal", "decoupled"])
+
+
 @_structural("reduce_on_plateau", "mode", "'\"min\" or \"max\"'")
 def _plateau_modes(params):
     return st.sampled_from(["min", "max"])

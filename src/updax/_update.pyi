@@ -478,6 +478,30 @@ class Update:
     ) -> Update:
         """Replaces each update by MARS's variance-reduced gradient, clipped per leaf. See
         :func:`updax.scale_by_mars`."""
+    def scale_by_momo(
+        self,
+        learning_rate: ScalarOrSchedule = 1.0,
+        momentum: ScalarOrSchedule = 0.9,
+        lower_bound: ScalarOrSchedule = 0.0,
+        decay: ScalarOrSchedule = 0.0,
+        adapt_lower_bound: bool = False,
+        decay_form: str = 'proximal',
+    ) -> Update:
+        """Replaces updates by MoMo's step: SGD with momentum and a Polyak-type step size from the loss. See
+        :func:`updax.scale_by_momo`."""
+    def scale_by_momo_adam(
+        self,
+        learning_rate: ScalarOrSchedule = 0.01,
+        b1: ScalarOrSchedule = 0.9,
+        b2: ScalarOrSchedule = 0.999,
+        eps: ScalarOrSchedule = 1e-08,
+        lower_bound: ScalarOrSchedule = 0.0,
+        decay: ScalarOrSchedule = 0.0,
+        adapt_lower_bound: bool = False,
+        decay_form: str = 'proximal',
+    ) -> Update:
+        """Replaces updates by MoMo-Adam's step: Adam's direction with a Polyak-type step size from the loss.
+        See :func:`updax.scale_by_momo_adam`."""
     def scale_by_multiplicative_lr(self, learning_rate: Scalar, lr_lambda: ScheduleLike) -> Update:
         """A learning rate multiplied by ``lr_lambda(epoch)`` after every step (torch's ``MultiplicativeLR``).
         See :func:`updax.scale_by_multiplicative_lr`."""

@@ -18,6 +18,14 @@ own :class:`Accumulator`. Per-microbatch accumulators can differ across
 >>> grad(w, x, y), jax.grad(loss)(w, x, y)  # the sum over 4 microbatches is the full batch's gradient
 (Array([-8., -8., -8.], dtype=float32), Array([-8., -8., -8.], dtype=float32))
 
+:func:`micro_vmap` is ``jax.vmap`` run one microbatch at a time, whose
+outputs can be reduced over the batch as they come (their sum, their mean)
+instead of kept; :func:`micro_grad` computes per-example gradients with it,
+transforms them (a clip, their squares) and accumulates them, returning
+each example's loss and metrics beside them. The accumulators can be named
+by optax's enum too, :class:`AccumulationType` (``AccumulationType.SUM`` is
+``"sum"``).
+
 Microbatch $i$ of $n$ holds the rows $i, i + n, i + 2n, \dots$ of the batch
 (a column-major split, as optax's): a batch sharded along its rows keeps
 each microbatch sharded the same way, and ``"concat"`` puts the rows back
@@ -26,6 +34,7 @@ in their order.
 
 from __future__ import annotations
 
+import enum
 import functools
 import numbers
 from collections.abc import Callable, Sequence
@@ -40,7 +49,8 @@ from updax import _validate as check
 from updax._domains import fail, is_concrete
 from updax._typing import PyTree
 
-__all__ = ["Accumulator", "microbatch", "reshape_batch_axis"]
+__all__ = ["AccumulationType", "Accumulator", "MicroGradAux", "micro_grad", "micro_vmap", "microbatch",
+           "reshape_batch_axis"]
 
 
 class Accumulator(NamedTuple):
@@ -57,7 +67,11 @@ class Accumulator(NamedTuple):
     ``"sum"``, ``"mean"``, ``"running_mean"`` and ``"concat"`` name the
     built-in ones. Its fields: ``init``, ``shape -> carry``, the carry
     before the first microbatch; ``update``, ``(carry, value, index) ->
-    carry``, jittable; ``finalize``, ``carry -> result``.
+    carry``, jittable; ``finalize``, ``carry -> result``; ``aggregate``,
+    ``values -> value``, how :func:`micro_vmap` reduces one microbatch's
+    values (stacked along axis 0, one per example) to the value ``update``
+    gets, or None for an accumulator :func:`micro_vmap` does not take
+    (optax's ``aggregate``; the built-in ones sum, average or keep them).
 
     Example:
         >>> import jax.numpy as jnp
@@ -73,6 +87,21 @@ class Accumulator(NamedTuple):
     init: Callable[[jax.ShapeDtypeStruct], Any]
     update: Callable[[Any, Any, jax.Array], Any]
     finalize: Callable[[Any], Any]
+    aggregate: Callable[[Any], Any] | None = None
+
+
+class AccumulationType(enum.StrEnum):
+    """optax's names of the built-in accumulators: each member is the string updax names it by
+    (``AccumulationType.SUM == "sum"``), so either spelling goes wherever an accumulator does."""
+
+    SUM = "sum"
+    """The sum of the microbatches' outputs."""
+    MEAN = "mean"
+    """Their mean (over the microbatches run, with ``num_real_microbatches``)."""
+    RUNNING_MEAN = "running_mean"
+    """Their mean, kept as a running mean."""
+    CONCAT = "concat"
+    """Their rows, back in the batch's order."""
 
 
 def _accumulating(x):
@@ -126,6 +155,17 @@ def _built_in(name: str, num_microbatches: int, count: Any, dtype: Any) -> Accum
 
 
 _NAMES = ("sum", "mean", "running_mean", "concat")
+
+
+def _aggregate(accumulator: str | Accumulator) -> Callable[[Any], Any]:
+    """How :func:`micro_vmap` reduces one microbatch's per-example values (stacked on axis 0) for ``accumulator``."""
+    if isinstance(accumulator, Accumulator):
+        return accumulator.aggregate
+    if accumulator == "concat":
+        return lambda values: values
+    if accumulator == "sum":
+        return lambda values: jnp.sum(values, axis=0)
+    return lambda values: jnp.mean(values, axis=0)  # "mean", "running_mean": the means of equal microbatches
 
 
 def _is_accumulator(value: Any) -> bool:
@@ -254,7 +294,13 @@ def microbatch(fun: Callable[..., Any], argnums: int | Sequence[int], microbatch
         optax.microbatching.microbatch (the same split and accumulators;
         optax names them by an enum, ``AccumulationType.SUM``, ...).
     """
-    call = "microbatch"
+    return _microbatch("microbatch", fun, argnums, microbatch_size, accumulator, argnames=argnames, in_axes=in_axes,
+                       num_real_microbatches=num_real_microbatches)
+
+
+def _microbatch(call: str, fun: Callable[..., Any], argnums: Any, microbatch_size: Any, accumulator: Any, *,
+                argnames: Any, in_axes: Any, num_real_microbatches: Any) -> Callable[..., Any]:
+    """:func:`microbatch`, its errors naming ``call`` (the public function the user called)."""
     if not callable(fun):
         fail(call, "fun", fun, "must be callable", TypeError)
     argnums = _indices(call, "argnums", argnums, numbers.Integral)
@@ -332,8 +378,9 @@ def _is_accumulator_value(value: Any) -> bool:
 def _check_accumulators(call: str, accumulator: Any) -> None:
     for path, value in jax.tree_util.tree_flatten_with_path(accumulator, is_leaf=_is_accumulator)[0]:
         if isinstance(value, Accumulator):
-            if not all(callable(f) for f in value):
-                fail(call, "accumulator", accumulator, "must hold Accumulators of three functions", TypeError)
+            if not all(callable(f) for f in value[:3]) or not (value.aggregate is None or callable(value.aggregate)):
+                fail(call, "accumulator", accumulator, "must hold Accumulators of three functions (and an aggregate "
+                     "function or None)", TypeError)
         elif value not in _NAMES:
             fail(call, "accumulator", accumulator, f"must hold {', '.join(map(repr, _NAMES))} or Accumulators; "
                  f"at accumulator{jax.tree_util.keystr(path)} it holds {value!r}", TypeError)
@@ -358,3 +405,257 @@ def _real_count(call: str, num_real_microbatches: Any, total: int) -> Any:
         return check.integer(call, "num_real_microbatches", int(np.asarray(num_real_microbatches)), 1, total,
                              why=f" (the batch splits into {total} microbatches)")
     return jnp.asarray(num_real_microbatches, jnp.int32)
+
+
+def _per_leaf_accumulators(call: str, accumulator: Any, outputs: Any) -> Any:
+    """``accumulator`` (a prefix tree) broadcast to one name or :class:`Accumulator` per leaf of ``outputs``."""
+    try:
+        return jax.tree.map(lambda acc, sub: jax.tree.map(lambda _: acc, sub), accumulator, outputs,
+                            is_leaf=_is_accumulator)
+    except (ValueError, TypeError):
+        raise ValueError(f"{call}: accumulator must be one accumulator or a pytree of them shaped like a prefix of "
+                         f"fun's output; {_tree.first_difference(outputs, accumulator, 'the output', 'accumulator')}"
+                         ) from None
+
+
+def micro_vmap(fun: Callable[..., Any], in_axes: int | None | Sequence[int | None] = 0, out_axes: int = 0, *,
+               microbatch_size: int | None = None, vmap_fn: Callable[..., Any] | None = None,
+               accumulator: str | Accumulator | PyTree = "concat",
+               num_real_microbatches: int | jax.Array | None = None) -> Callable[..., Any]:
+    r"""``jax.vmap(fun)`` one microbatch at a time, each output kept (as vmap's) or reduced over the batch.
+
+    With $x_1, \dots, x_B$ the examples (the rows along ``in_axes`` of the
+    mapped arguments; keyword arguments are mapped along their axis 0, as
+    ``jax.vmap`` maps them) and $f$ = ``fun``, the result for an output of
+    ``fun`` is, by its accumulator:
+
+    $$
+    \begin{align*}
+    \text{concat}: &\ \bigl(f(x_1), \dots, f(x_B)\bigr) \text{ stacked along axis 0, as } \texttt{jax.vmap} \\
+    \text{sum}: &\ \sum_b f(x_b) \\
+    \text{mean}: &\ \frac{1}{B} \sum_b f(x_b)
+    \end{align*}
+    $$
+
+    (``"running_mean"`` is the mean too.) The batch is split into
+    microbatches of ``microbatch_size`` examples (as :func:`microbatch`
+    splits it); each is vmapped and reduced by the accumulator's
+    ``aggregate`` before the next, so a sum or a mean never holds more
+    than one microbatch's outputs.
+
+    Args:
+        fun: the function of one example. No default.
+        in_axes: the batch axis of each positional argument, None for one
+            not mapped: one int (or None) for all, or one per argument, as
+            ``jax.vmap`` takes it. Default: ``0``.
+        out_axes: the outputs' batch axis; only 0. Default: ``0``.
+        microbatch_size: the examples per microbatch, an integer >= 1 that
+            divides the batch; None vmaps the whole batch at once.
+            Default: ``None``.
+        vmap_fn: the vectorizing map, with ``jax.vmap``'s signature
+            ``(fun, in_axes, out_axes)``; None for ``jax.vmap``.
+            Default: ``None``.
+        accumulator: ``"concat"``, ``"sum"``, ``"mean"``,
+            ``"running_mean"`` (or :class:`AccumulationType`'s members), an
+            :class:`Accumulator` with an ``aggregate``, or a pytree of them
+            shaped like a prefix of ``fun``'s output. Default: ``'concat'``.
+        num_real_microbatches: the microbatches to run, an integer in
+            [1, n] (traced values too), or None for all (see
+            :func:`microbatch`). Default: ``None``.
+
+    Returns:
+        A function with ``fun``'s arguments, each mapped one with a batch axis.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> def fun(x, w):
+        ...     return x * w, jnp.sum(x**2)
+        >>> micro = ux.microbatching.micro_vmap(fun, in_axes=(0, None), microbatch_size=2, accumulator=("concat", "sum"))
+        >>> micro(jnp.arange(4.0), 2.0)  # the rows times w, and the sum of the squares over the batch
+        (Array([0., 2., 4., 6.], dtype=float32), Array(14., dtype=float32))
+
+    References:
+        optax.microbatching.micro_vmap (the same split and accumulators;
+        updax's integer ``in_axes`` maps every positional argument, as
+        ``jax.vmap``'s does).
+    """
+    return _micro_vmap("micro_vmap", fun, in_axes, out_axes, microbatch_size=microbatch_size, vmap_fn=vmap_fn,
+                       accumulator=accumulator, num_real_microbatches=num_real_microbatches)
+
+
+def _micro_vmap(call: str, fun: Callable[..., Any], in_axes: Any, out_axes: Any, *, microbatch_size: Any,
+                vmap_fn: Callable[..., Any], accumulator: Any, num_real_microbatches: Any) -> Callable[..., Any]:
+    """:func:`micro_vmap`, its errors naming ``call``."""
+    if not callable(fun):
+        fail(call, "fun", fun, "must be callable", TypeError)
+    if vmap_fn is None:
+        vmap_fn = jax.vmap
+    elif not callable(vmap_fn):
+        fail(call, "vmap_fn", vmap_fn, "must be callable or None", TypeError)
+    if isinstance(out_axes, bool) or out_axes != 0:
+        fail(call, "out_axes", out_axes, "must be 0 (the outputs' batch axis comes first, as optax's)",
+             NotImplementedError)
+    if in_axes is None or isinstance(in_axes, numbers.Integral):
+        _indices(call, "in_axes", 0 if in_axes is None else in_axes, numbers.Integral)
+    elif not isinstance(in_axes, (tuple, list)) or any(
+            a is not None and (isinstance(a, bool) or not isinstance(a, numbers.Integral)) for a in in_axes):
+        fail(call, "in_axes", in_axes, "must be an int or None, or a sequence of them (one per positional argument)",
+             TypeError)
+    if microbatch_size is not None:
+        microbatch_size = check.positive_int(call, "microbatch_size", microbatch_size)
+    _check_accumulators(call, accumulator)
+    for path, acc in jax.tree_util.tree_flatten_with_path(accumulator, is_leaf=_is_accumulator)[0]:
+        if isinstance(acc, Accumulator) and acc.aggregate is None:
+            fail(call, "accumulator", accumulator, "must hold Accumulators with an aggregate function (how one "
+                 f"microbatch's values are reduced); accumulator{jax.tree_util.keystr(path)} has none", TypeError)
+
+    @functools.wraps(fun)
+    def mapped(*args, **kwargs):
+        axes = (in_axes,) * len(args) if in_axes is None or isinstance(in_axes, numbers.Integral) else tuple(in_axes)
+        if len(axes) != len(args):
+            raise ValueError(f"{call}: in_axes has {len(axes)} entries, but the call has {len(args)} positional "
+                             f"arguments; give one axis (or None) per argument")
+        argnums = tuple(i for i, a in enumerate(axes) if a is not None)
+        if not argnums and not jax.tree.leaves(kwargs):
+            raise ValueError(f"{call}: in_axes maps no argument; map at least one (an axis in place of None)")
+
+        def vmapped(*args, kwargs):
+            outputs = vmap_fn(fun, axes, 0)(*args, **kwargs)
+            aggregates = _per_leaf_accumulators(call, accumulator, outputs)
+            return jax.tree.map(lambda acc, values: _aggregate(acc)(values), aggregates, outputs,
+                                is_leaf=_is_accumulator)
+
+        micro = _microbatch(call, vmapped, argnums, microbatch_size, accumulator, argnames="kwargs",
+                            in_axes=tuple(axes[i] for i in argnums) + (0,),
+                            num_real_microbatches=num_real_microbatches)
+        return micro(*args, kwargs=kwargs)
+
+    return mapped
+
+
+class MicroGradAux(NamedTuple):
+    """What :func:`micro_grad` returns beside the gradients, one entry per example (optax's ``Aux``): the
+    loss ``values``, the ``metrics`` of the gradient, and ``fun``'s own auxiliary output ``aux`` (None without
+    ``has_aux``)."""
+
+    values: Any
+    metrics: Any
+    aux: Any
+
+
+def micro_grad(fun: Callable[..., Any], has_aux: bool = False, argnums: int | Sequence[int] = 0, *,
+               batch_argnums: int | Sequence[int] = 1, keep_batch_dim: bool = True,
+               microbatch_size: int | None = None, accumulator: str | Accumulator | PyTree = "sum",
+               transform_fn: Callable[[Any], Any] | None = None, metrics_fn: Callable[[Any], Any] | None = None,
+               num_real_microbatches: int | jax.Array | None = None) -> Callable[..., Any]:
+    r"""Per-example gradients of ``fun``, transformed and accumulated over the batch by microbatches.
+
+    With $x_1, \dots, x_B$ the examples (the rows of the ``batch_argnums``
+    arguments), $\nabla_b$ the gradient of ``fun`` on example $b$ with
+    respect to the ``argnums`` arguments, $T$ = ``transform_fn`` and $M$ =
+    ``metrics_fn``, the result is
+
+    $$
+    \Bigl(\operatorname{acc}_b T(\nabla_b),\ \text{MicroGradAux}\bigl(f(x_b), M(\nabla_b), \text{aux}_b\bigr)_{b=1}^{B}\Bigr)
+    $$
+
+    where $\operatorname{acc}$ is the accumulator: the sum (default), the
+    mean, or ``"concat"`` to keep each example's. The auxiliary outputs are
+    kept per example, in the batch's order. A $T$ that clips each
+    gradient's norm and a sum give DP-SGD's clipped sum; $T(\nabla) =
+    (\nabla, \nabla^2)$ and the mean give the gradient's mean and second
+    moment. ``fun`` sees each example as a batch of one (with
+    ``keep_batch_dim``, its batch axis kept), so a loss written for a batch
+    works unchanged. Built on :func:`micro_vmap`: a microbatch of
+    ``microbatch_size`` examples at a time.
+
+    Args:
+        fun: the loss, ``fun(*args, **kwargs)``, a real scalar (and its
+            auxiliary output with ``has_aux``). No default.
+        has_aux: ``fun`` returns ``(loss, aux)``. Default: ``False``.
+        argnums: the argument(s) to differentiate, as ``jax.grad`` takes
+            them. Default: ``0``.
+        batch_argnums: the positions of the arguments with a batch axis
+            (axis 0), an int or a sequence of ints; keyword arguments are
+            mapped along their axis 0 too. Default: ``1``.
+        keep_batch_dim: give ``fun`` each example with a batch axis of 1
+            (False: without it). Default: ``True``.
+        microbatch_size: the examples per microbatch, an integer >= 1 that
+            divides the batch; None: the whole batch at once.
+            Default: ``None``.
+        accumulator: how the transformed gradients are combined over the
+            batch: ``"sum"``, ``"mean"``, ``"running_mean"``, ``"concat"``,
+            an :class:`Accumulator` with an ``aggregate``, or a prefix tree
+            of them over ``transform_fn``'s output. Default: ``'sum'``.
+        transform_fn: applied to each example's gradient before it is
+            accumulated; None for the identity. Default: ``None``.
+        metrics_fn: applied to each example's gradient (before
+            ``transform_fn``), kept per example in the ``metrics`` of the
+            auxiliary output, best a scalar; None for no metrics (``metrics``
+            is None). Default: ``None``.
+        num_real_microbatches: the microbatches to run, or None for all
+            (see :func:`microbatch`). Default: ``None``.
+
+    Returns:
+        A function with ``fun``'s arguments returning ``(accumulated,
+        MicroGradAux(values, metrics, aux))``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import updax as ux
+        >>> def loss(w, x, y):
+        ...     return 0.5 * jnp.mean((x @ w - y) ** 2)
+        >>> w, x, y = jnp.zeros(1), jnp.ones((4, 1)), jnp.array([0.0, 2.0, 4.0, 6.0])
+        >>> grad_fn = ux.microbatching.micro_grad(loss, batch_argnums=(1, 2), accumulator="mean", microbatch_size=2,
+        ...                                       transform_fn=lambda g: (g, g**2), metrics_fn=jnp.linalg.norm)
+        >>> (mean, second_moment), aux = grad_fn(w, x, y)  # the examples' gradients are -y
+        >>> mean, second_moment
+        (Array([-3.], dtype=float32), Array([14.], dtype=float32))
+        >>> aux.values, aux.metrics
+        (Array([ 0.,  2.,  8., 18.], dtype=float32), Array([0., 2., 4., 6.], dtype=float32))
+
+    References:
+        optax.microbatching.micro_grad (the same semantics; its auxiliary
+        output is a namedtuple ``Aux(values, metrics, aux)``). Per-example
+        gradients as in Abadi et al., "Deep Learning with Differential
+        Privacy", CCS 2016, https://arxiv.org/abs/1607.00133.
+    """
+    call = "micro_grad"
+    if not callable(fun):
+        fail(call, "fun", fun, "must be callable", TypeError)
+    has_aux = check.flag(call, "has_aux", has_aux)
+    keep_batch_dim = check.flag(call, "keep_batch_dim", keep_batch_dim)
+    batch_argnums = _indices(call, "batch_argnums", batch_argnums, numbers.Integral)
+    if not batch_argnums or any(i < 0 for i in batch_argnums):
+        fail(call, "batch_argnums", batch_argnums, "must name at least one positional argument, by a position >= 0")
+    for name, fn in (("transform_fn", transform_fn), ("metrics_fn", metrics_fn)):
+        if fn is not None and not callable(fn):
+            fail(call, name, fn, "must be callable or None", TypeError)
+    transform = (lambda grad: grad) if transform_fn is None else transform_fn
+    metrics = (lambda grad: None) if metrics_fn is None else metrics_fn
+    if microbatch_size is not None:
+        microbatch_size = check.positive_int(call, "microbatch_size", microbatch_size)
+    _check_accumulators(call, accumulator)
+    value_and_grad = jax.value_and_grad(fun if has_aux else (lambda *a, **k: (fun(*a, **k), None)), argnums,
+                                        has_aux=True)
+
+    def per_example(*args, **kwargs):
+        (value, aux), grad = value_and_grad(*args, **kwargs)
+        return transform(grad), MicroGradAux(values=value, metrics=metrics(grad), aux=aux)
+
+    @functools.wraps(fun)
+    def grad_fn(*args, **kwargs):
+        if max(batch_argnums) >= len(args):
+            raise ValueError(f"{call}: batch_argnums names argument {max(batch_argnums)}, but the call has "
+                             f"{len(args)} positional arguments")
+        args = list(args)
+        if keep_batch_dim:  # each example keeps a batch axis of 1: (B, ...) -> (B, 1, ...)
+            for i in batch_argnums:
+                args[i] = jax.tree.map(lambda x: jnp.expand_dims(x, 1), args[i])
+        axes = [0 if i in batch_argnums else None for i in range(len(args))]
+        micro = _micro_vmap(call, per_example, axes, 0, microbatch_size=microbatch_size, vmap_fn=jax.vmap,
+                            accumulator=(accumulator, "concat"), num_real_microbatches=num_real_microbatches)
+        return micro(*args, **kwargs)
+
+    return grad_fn

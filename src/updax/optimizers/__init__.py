@@ -26,7 +26,7 @@ from updax.optimizers._factored import adafactor, sm3
 from updax.optimizers._galore import galore
 from updax.optimizers._layerwise import fromage, lamb, lars, novograd
 from updax.optimizers._lbfgs import lbfgs
-from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, polyak_sgd, prodigy
+from updax.optimizers._lr_free import cocob, dadapt_adamw, dog, dowg, momo, momo_adam, polyak_sgd, prodigy
 from updax.optimizers._mars import mars_adamw, mars_lion
 from updax.optimizers._optimistic import optimistic_adam, optimistic_adam_v2, optimistic_gradient_descent
 from updax.optimizers._orthogonal import muon, normuon
@@ -60,4 +60,5 @@ __all__ = [
     "madgrad",
     "laprop", "acprop",
     "schedule_free_sgd", "optimistic_adam_v2",
+    "momo", "momo_adam",
 ]

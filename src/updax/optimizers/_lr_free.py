@@ -1,4 +1,4 @@
-"""Learning-rate-free optimizers: Prodigy, D-Adaptation AdamW, DoG, DoWG, COCOB and SGD with Polyak's step.
+"""Learning-rate-free optimizers: Prodigy, D-Adaptation AdamW, DoG, DoWG, COCOB, SGD with Polyak's step, MoMo.
 
 Their learning rate is a multiplier (1 by default, or a schedule peaking at
 1) of a step size the rule finds itself. For Mechanic, which learns the scale
@@ -16,6 +16,8 @@ from updax.updates import (
     add_decayed_weights,
     scale,
     scale_by_dadapt_adamw,
+    scale_by_momo,
+    scale_by_momo_adam,
     scale_by_polyak,
     scale_by_prodigy,
 )
@@ -284,3 +286,82 @@ def polyak_sgd(learning_rate: ScalarOrSchedule = 1.0, max_learning_rate: ScalarO
     """
     return scale_by_polyak(f_min=f_min, max_learning_rate=max_learning_rate, eps=eps,
                            variant=variant).scale_by_learning_rate(learning_rate)
+
+
+@optimizer
+def momo(learning_rate: ScalarOrSchedule = 1.0, momentum: ScalarOrSchedule = 0.9, lower_bound: ScalarOrSchedule = 0.0,
+         decay: ScalarOrSchedule = 0.0, adapt_lower_bound: bool = False, decay_form: str = "proximal") -> Update:
+    """MoMo: SGD with momentum and a Polyak-type step size from the loss, passed as ``loss=``.
+
+    Pipeline: ``scale_by_momo(learning_rate, ...) |> scale(-1.0)``: the
+    learning rate caps the step size and weighs the weight decay, so it is
+    an option of the stage, which emits the step. optax's ``beta`` is
+    ``momentum``, its ``weight_decay`` is ``decay`` and its ``value=`` is
+    ``loss=``; the weight decay is the paper's proximal step, and
+    ``decay_form="decoupled"`` is optax's form (see
+    :func:`updax.scale_by_momo`).
+
+    Args:
+        learning_rate: the largest step size, a number >= 0 or a schedule
+            (the authors recommend 1). Default: ``1.0``.
+        momentum: the averaging of the losses and gradients. Default: ``0.9``.
+        lower_bound: a lower bound of the loss. Default: ``0.0``.
+        decay: weight decay. Default: ``0.0``.
+        adapt_lower_bound: estimate the lower bound on the fly. Default: ``False``.
+        decay_form: ``"proximal"`` (the paper's) or ``"decoupled"`` (optax's).
+            Default: ``'proximal'``.
+
+    Returns:
+        An update object; ``update`` needs ``params`` and ``loss=``.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.momo()
+        scale_by_momo(learning_rate=1.0, momentum=0.9, lower_bound=0.0, decay=0.0, adapt_lower_bound=False, decay_form='proximal') |> scale(step_size=-1.0)
+
+    References:
+        Schaipp et al., "MoMo: Momentum Models for Adaptive Learning Rates",
+        ICML 2024. https://arxiv.org/abs/2305.07583
+    """
+    return scale_by_momo(learning_rate=learning_rate, momentum=momentum, lower_bound=lower_bound, decay=decay,
+                         adapt_lower_bound=adapt_lower_bound, decay_form=decay_form).scale(-1.0)
+
+
+@optimizer
+def momo_adam(learning_rate: ScalarOrSchedule = 1e-2, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999,
+              eps: ScalarOrSchedule = 1e-8, lower_bound: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0,
+              adapt_lower_bound: bool = False, decay_form: str = "proximal") -> Update:
+    """MoMo-Adam: Adam with a Polyak-type step size from the loss, passed as ``loss=``.
+
+    Pipeline: ``scale_by_momo_adam(learning_rate, ...) |> scale(-1.0)``.
+    optax's ``weight_decay`` is ``decay`` and its ``value=`` is ``loss=``;
+    the weight decay is the paper's proximal step, and
+    ``decay_form="decoupled"`` is optax's AdamW-like form (see
+    :func:`updax.scale_by_momo_adam`).
+
+    Args:
+        learning_rate: the largest step size (before Adam's bias
+            correction), a number >= 0 or a schedule. Default: ``0.01``.
+        b1: first-moment decay. Default: ``0.9``.
+        b2: second-moment decay. Default: ``0.999``.
+        eps: added to the root of the second moment. Default: ``1e-08``.
+        lower_bound: a lower bound of the loss. Default: ``0.0``.
+        decay: weight decay. Default: ``0.0``.
+        adapt_lower_bound: estimate the lower bound on the fly. Default: ``False``.
+        decay_form: ``"proximal"`` (the paper's) or ``"decoupled"`` (optax's).
+            Default: ``'proximal'``.
+
+    Returns:
+        An update object; ``update`` needs ``params`` and ``loss=``.
+
+    Example:
+        >>> import updax as ux
+        >>> ux.optimizers.momo_adam()
+        scale_by_momo_adam(learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-08, lower_bound=0.0, decay=0.0, adapt_lower_bound=False, decay_form='proximal') |> scale(step_size=-1.0)
+
+    References:
+        Schaipp et al., "MoMo: Momentum Models for Adaptive Learning Rates",
+        ICML 2024. https://arxiv.org/abs/2305.07583
+    """
+    return scale_by_momo_adam(learning_rate=learning_rate, b1=b1, b2=b2, eps=eps, lower_bound=lower_bound,
+                              decay=decay, adapt_lower_bound=adapt_lower_bound, decay_form=decay_form).scale(-1.0)

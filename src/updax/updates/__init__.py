@@ -71,6 +71,7 @@ from updax.updates._lr_free import (
     scale_by_polyak,
     scale_by_prodigy,
 )
+from updax.updates._momo import scale_by_momo, scale_by_momo_adam
 from updax.updates._moving_averages import ema, sma, weighted_moving_average
 from updax.updates._muon_dims import MuonDimensionNumbers
 from updax.updates._noise_decay import add_decayed_weights, add_noise
@@ -183,6 +184,8 @@ __all__ = [
     "scale_by_madgrad",
     "scale_by_mars",
     "scale_by_multiplicative_lr",
+    "scale_by_momo",
+    "scale_by_momo_adam",
     "scale_by_muon",
     "scale_by_nadam",
     "scale_by_newton_schulz",
