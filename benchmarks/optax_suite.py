@@ -17,7 +17,8 @@ optax's state fields, by design different), numbers (an assertion on values: eac
 (updax raised), and other. Files of optax's internals that construct no optimizer (:data:`OUT_OF_SCOPE`) are not
 run; their tests are counted at collection.
 
-Writes benchmarks/results/optax_suite.md and .json (or ``--out NAME``: NAME.md, NAME.json). Without optax
+Writes benchmarks/results/optax_suite.md and .json (or ``--out NAME``: NAME.md, NAME.json), and the raw records,
+one JSON line per test report, to NAME.jsonl as the tests run (``--reuse`` reports from them again; not kept in git). Without optax
 installed the script says so and stops. tests/test_optax_suite.py runs one small file through the same plugin.
 """
 
@@ -603,9 +604,11 @@ def _markdown(result: dict, stats: dict) -> str:
     rows = result["rows"]
     lines = ["# optax 0.2.8's test files against updax", "",
              "Written by `benchmarks/optax_suite.py` (see its docstring for the command and the method).", "",
-             (f"Files run: {len(result['files'])}; tests run: {stats['run']}; "
-              f"not run (internals, no optimizer: {', '.join(OUT_OF_SCOPE)}): {stats['out_of_scope_not_run']}; "
-              f"{result['elapsed_s']} s on 2 shared CPU cores."), "", "| outcome | tests |", "| --- | --- |"]
+             f"Files run: {len(result['files'])}; tests run: {stats['run']}; "
+             f"not run (internals, no optimizer: {', '.join(OUT_OF_SCOPE)}): {stats['out_of_scope_not_run']}; "
+             + (f"{result['elapsed_s']} s on 2 shared CPU cores." if result["elapsed_s"] else
+                "reported from the records of earlier runs (--reuse)."),
+             "", "| outcome | tests |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in stats["by_category"].items()]
     failed = [r for r in rows if r["category"] not in ("passed", "skipped", "not replaced",
                                                          "out of scope (no constructor)")]
@@ -649,8 +652,15 @@ def main(argv: list[str] | None = None) -> None:
     # (the records are written as the tests run: a partial run can be reported with --reuse)
     result = run(args.patterns, records=args.out + ".jsonl", reuse=args.reuse)
     stats = summary(result)
+    # every test but the passed ones, which are counted per file
+    rows = [{k: v for k, v in row.items() if k not in ("text", "last_frame", "when", "scope")}
+            for row in result["rows"] if row["category"] != "passed"]
+    passed: dict[str, int] = {}
+    for row in result["rows"]:
+        if row["category"] == "passed":
+            passed[row["file"]] = passed.get(row["file"], 0) + 1
     with open(args.out + ".json", "w") as f:
-        json.dump({"summary": stats, **result}, f, indent=1)
+        json.dump({"summary": stats, **result, "rows": rows, "passed_per_file": passed}, f, indent=0)
     with open(args.out + ".md", "w") as f:
         f.write(_markdown(result, stats))
     print(json.dumps(stats, indent=1))
