@@ -172,8 +172,9 @@ MAPPING: dict[str, tuple] = {
     "optax.sgdr_schedule": ("us.sgdr", {}),
 }
 
-#: Stages whose update takes the loss: optax's keyword is value=, updax's loss=.
-LOSS_AS_VALUE = ("optax.contrib.reduce_on_plateau", "optax.scale_by_polyak")
+#: Keywords of ``update`` that updax names otherwise: the loss (optax's value=) and Sophia's objective.
+UPDATE_KEYWORDS = {"optax.contrib.reduce_on_plateau": {"value": "loss"}, "optax.scale_by_polyak": {"value": "loss"},
+                   "optax.contrib.sophia": {"obj_fn": "value_fn"}}
 
 #: optax constructors with no updax equivalent here (optax's own code runs; their tests count as not replaced
 #: when they use no mapped constructor). Neutral combinators (chain, named_chain, inject_hyperparams,
@@ -282,11 +283,11 @@ def _adapter(public: str, optax_fn: Callable, spec: tuple) -> Callable:
             return built
         import updax as ux
         tx = ux.to_optax(built)
-        if public in LOSS_AS_VALUE:  # optax's value= is updax's loss=
-            takes_loss = tx.update
+        if public in UPDATE_KEYWORDS:
+            renamed, updax_update = UPDATE_KEYWORDS[public], tx.update
 
-            def update(updates, state, params=None, *, value=None, **extra):
-                return takes_loss(updates, state, params, **extra, **({} if value is None else {"loss": value}))
+            def update(updates, state, params=None, **extra):
+                return updax_update(updates, state, params, **{renamed.get(k, k): v for k, v in extra.items()})
 
             tx = type(tx)(tx.init, update)
         _UPDAX_BEHIND[id(tx)] = (tx, built)
