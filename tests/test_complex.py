@@ -221,6 +221,7 @@ REJECTED = {"differentially_private_aggregate", "scale_by_prodigy", "scale_by_da
             "scale_by_galore",  # projectors from real SVDs (optax's transposes, without conjugates)
             "scale_by_psgd_kron",  # real triangular factors and Gaussian probes
             "scale_by_madgrad",  # a cube root of sums of squares, written for real numbers as optax's
+            "scale_by_momo", "scale_by_momo_adam",  # a model of the loss, real inner products (optax's too)
             "quantized_state"}  # the papers' maps code real numbers: a complex moment is refused by its path
 
 SUPPORTED = {

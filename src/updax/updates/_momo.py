@@ -126,8 +126,8 @@ def _apply_scale_by_momo(updates, state, params, *, learning_rate, momentum, low
                          decay_form, loss=None):
     call = "scale_by_momo"
     dtype = state.loss_avg.dtype
+    treedef, leaves = _leaves(call, updates, params)  # (complex updates refused before a missing loss)
     loss = _loss(call, loss, dtype)
-    treedef, leaves = _leaves(call, updates, params)
     leaves = [(g, p, m) for (g, p), m in zip(leaves, treedef.flatten_up_to(state.mu))]
     beta = jnp.where(state.count == 0, 0.0, momentum)  # the averages start at the first loss and gradient
     mus, dots, sq_norms, grad_dots = [], [], [], []
@@ -251,8 +251,8 @@ def _apply_scale_by_momo_adam(updates, state, params, *, learning_rate, b1, b2, 
                               adapt_lower_bound, decay_form, loss=None):
     call = "scale_by_momo_adam"
     dtype = state.loss_avg.dtype
+    treedef, leaves = _leaves(call, updates, params)  # (complex updates refused before a missing loss)
     loss = _loss(call, loss, dtype)
-    treedef, leaves = _leaves(call, updates, params)
     leaves = [(g, p, m, v) for (g, p), m, v in zip(leaves, treedef.flatten_up_to(state.mu),
                                                   treedef.flatten_up_to(state.nu))]
     k = _tree.float_count(_tree.safe_increment(state.count)).astype(dtype)
