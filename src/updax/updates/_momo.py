@@ -31,7 +31,7 @@ from updax._domains import (
 from updax._primitives import stateful
 from updax._typing import ScalarOrSchedule
 from updax._update import Update
-from updax.updates._kernels import real_only
+from updax.updates._kernels import real_only, safe_sqrt
 from updax.updates._lr_free import _div, _scalar_dtype, _total
 
 __all__ = ["ScaleByMomoAdamState", "ScaleByMomoState", "scale_by_momo", "scale_by_momo_adam"]
@@ -263,7 +263,7 @@ def _apply_scale_by_momo_adam(updates, state, params, *, learning_rate, b1, b2, 
         g32, p32 = g.astype(c), p.astype(c)
         m = (b1 * m + (1 - b1) * g32).astype(c)
         v = (b2 * v + (1 - b2) * g32 * g32).astype(c)
-        direction = m / (jnp.sqrt(v / correction2) + eps)  # D⁻¹ d
+        direction = m / (safe_sqrt(v / correction2) + eps)  # D⁻¹ d (a finite derivative at v = 0)
         mus.append(m)
         nus.append(v)
         steps.append(direction)
