@@ -514,6 +514,10 @@ def test_on_8_devices_no_block_straddles_a_shard_and_the_numbers_are_one_devices
     result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["quantized"] == 34 and result["zero1_split"] == 32  # (ZeRO-1 split the codes of 32 of them)
     assert not result["blocks"], result["blocks"]
+    # 1-d leaves split along their only axis, on an Explicit and an Auto mesh: no shard holds parts of two blocks,
+    # and the numbers are one device's bit for bit (but for the uneven blocks XLA partitions on the Auto mesh).
+    assert not result["vector_blocks"] and not result["vector_differ"], result
+    assert result["vector_error"] < 0.01 and result["vector_codes"] < 1e-4, result
     # One device's numbers, to a rounding of the moments that may move a value on the edge between two codes
     # to the other (with XLA's default flags the split params' run is bit for bit one device's: result["differ"]).
     assert result["split_error"] < 0.01 and result["split_codes"] < 1e-4, result

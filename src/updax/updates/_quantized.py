@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from updax import _rounding, _tree
 from updax._combinators import combinator
@@ -224,7 +225,8 @@ def _lookup(values: np.ndarray, index: jax.Array) -> jax.Array:
     it (on an Explicit mesh, a gather must be told both)."""
     table = _tree.place_like(jnp.asarray(values.astype(np.float32)), index, dims=(None,))
     sharding = _tree.sharding_like(index)
-    return table[index] if sharding is None else table.at[index].get(out_sharding=sharding)
+    explicit = isinstance(sharding, NamedSharding) and AxisType.Explicit in sharding.mesh.axis_types
+    return table.at[index].get(out_sharding=sharding) if explicit else table[index]
 
 
 def _pack(codes: jax.Array) -> jax.Array:
@@ -251,16 +253,70 @@ def _as_rows(x: jax.Array) -> jax.Array:
     return x.reshape(1) if x.ndim == 0 else x
 
 
-def _blocked(x: jax.Array, block: int) -> jax.Array:
-    """``x`` (at least 1-d) as ``(..., blocks, block)``: blocks of ``block`` consecutive elements of its last
-    axis (a row shorter than a block is one block), the last block of a row padded with zeros."""
+def _split_last(x: jax.Array) -> tuple[Any, int]:
+    """The sharding of ``x`` and the number of shards its last axis is split in, where it is split over the
+    axes of an Explicit mesh (where a reshape must be told its output's sharding); ``(None, 1)`` otherwise (one
+    device, an unsplit last axis, or an Auto mesh, whose placement XLA propagates)."""
+    sharding = _tree.sharding_like(x)
+    if not isinstance(sharding, NamedSharding) or x.ndim == 0:
+        return None, 1
+    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    names = spec[-1] if isinstance(spec[-1], tuple) else (spec[-1],)
+    if spec[-1] is None or any(sharding.mesh._name_to_type[n] != AxisType.Explicit for n in names):
+        return None, 1
+    return sharding, math.prod(sharding.mesh.shape[n] for n in names)
+
+
+class _Blocks(NamedTuple):
+    """A leaf's last axis in blocks: ``parts`` of shape ``(..., blocks * per, part)``, each block ``per``
+    consecutive parts of ``part`` elements (``per`` is 1, a part a whole block, unless the last axis is split in
+    shards that hold less than a block, or not a whole number of blocks: then a part is the largest run of
+    elements dividing both, so that no part straddles a shard), and ``last``, the axis' length before the
+    padding of its last block."""
+
+    parts: jax.Array
+    per: int
+    last: int
+
+
+def _blocked(x: jax.Array, block: int) -> _Blocks:
+    """``x`` (at least 1-d) in blocks of ``block`` consecutive elements of its last axis (a row shorter than a
+    block is one block), the last block of a row padded with zeros."""
     last = x.shape[-1]
     block = max(1, min(block, last))
     count = -(-last // block)
     pad = count * block - last
     if pad:
         x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
-    return x.reshape(*x.shape[:-1], count, block)
+    sharding, shards = _split_last(x)
+    if sharding is None:
+        return _Blocks(x.reshape(*x.shape[:-1], count, block), 1, last)
+    part = math.gcd(block, count * block // shards)
+    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    out = NamedSharding(sharding.mesh, PartitionSpec(*spec, None))
+    parts = jax.lax.reshape(x, (*x.shape[:-1], count * block // part, part), out_sharding=out)
+    return _Blocks(parts, block // part, last)
+
+
+def _block_absmax(b: _Blocks) -> jax.Array:
+    """Each block's absolute maximum, ``(..., blocks)``: a part's, then (a block of several parts) the largest
+    of its parts' (exact: a maximum is one of the values, whatever the order)."""
+    absmax = jnp.max(jnp.abs(b.parts), axis=-1)
+    if b.per == 1:
+        return absmax
+    sharding = _tree.sharding_like(absmax)
+    spec = tuple(sharding.spec)[:-1] + (None, None)  # (a few floats per block: gathered to the block's shards)
+    shape = (*absmax.shape[:-1], absmax.shape[-1] // b.per, b.per)
+    return jnp.max(jax.lax.reshape(absmax, shape, out_sharding=NamedSharding(sharding.mesh,
+                                                                            PartitionSpec(*spec))), axis=-1)
+
+
+def _per_part(scales: jax.Array, b: _Blocks) -> jax.Array:
+    """Each block's ``scales`` (``(..., blocks)``) as a column against ``b.parts``: ``(..., blocks * per, 1)``,
+    placed like the parts."""
+    if b.per > 1:
+        scales = _tree.place_like(jnp.repeat(scales, b.per, axis=-1), b.parts, dims=tuple(range(b.parts.ndim - 1)))
+    return scales[..., None]
 
 
 def _unblocked(x: jax.Array, last: int) -> jax.Array:
@@ -318,8 +374,8 @@ def quantize(x: jax.Array, fmt: _Format, random: jax.Array | None = None) -> Qua
         codes = encode(x / _safe(normalizer), 4, False)
         return QuantizedArray(_pack(codes), scales)
     blocks = _blocked(x, fmt.block)
-    absmax = jnp.max(jnp.abs(blocks), axis=-1)
-    normalized = _unblocked(blocks / _safe(absmax)[..., None], x.shape[-1])
+    absmax = _block_absmax(blocks)
+    normalized = _unblocked(blocks.parts / _per_part(_safe(absmax), blocks), x.shape[-1])
     if fmt.bits == "float8":
         scaled = normalized * _E4M3_MAX
         if random is not None:
@@ -339,7 +395,8 @@ def _dequantize(q: QuantizedArray, fmt: _Format, shape: tuple, dtype: Any) -> ja
         else:
             codes = _unpack(q.codes, last) if fmt.bits == 4 else q.codes
             normalized = _decode(codes, fmt.bits, fmt.signed)
-        x = _unblocked(_blocked(normalized, fmt.block) * q.scales[..., None], last)
+        blocks = _blocked(normalized, fmt.block)
+        x = _unblocked(blocks.parts * _per_part(q.scales, blocks), last)
     return x.reshape(shape).astype(dtype)
 
 
@@ -587,7 +644,9 @@ def quantized_state(inner: Update, bits: int | str = 8, block_size: int | None =
 
     Blocks run along a leaf's last axis (a row shorter than a block is one
     block), so a block never straddles a shard of a leaf split along its
-    other axes; rank-1 maxima of a split axis are a maximum over its shards
+    other axes; split along its last axis, a block's scale is the largest
+    of the maxima of its parts on each shard (exact: the numbers are one
+    device's); rank-1 maxima of a split axis are a maximum over its shards
     (exact, so the numbers are those of one device). By default a value is
     rounded to the nearest value of its map. With
     ``rounding="stochastic"`` it is rounded to one of the two around it,
