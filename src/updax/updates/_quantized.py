@@ -262,7 +262,8 @@ def _split_last(x: jax.Array) -> tuple[Any, int]:
         return None, 1
     spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
     names = spec[-1] if isinstance(spec[-1], tuple) else (spec[-1],)
-    if spec[-1] is None or any(sharding.mesh._name_to_type[n] != AxisType.Explicit for n in names):
+    types = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types))
+    if spec[-1] is None or any(types[n] != AxisType.Explicit for n in names):
         return None, 1
     return sharding, math.prod(sharding.mesh.shape[n] for n in names)
 
