@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -134,8 +135,8 @@ def steps(quick, repeats, workloads=("S", "T", "B")):
              f"`python benchmarks/quantized.py steps{' --quick' if quick else ''} --repeats {repeats} --workloads "
              f"{','.join(workloads)}`: each "
              "workload's variants compiled, then timed interleaved call by call in one process, the median of "
-             f"{repeats} calls each. This machine (2 cores) was shared with other jobs during the run (load "
-             "above 10): the times are noisy, compare ratios within a workload only.", "",
+             f"{repeats} calls each. The load average (1 minute) as the table was written: {os.getloadavg()[0]:.1f} on "
+             f"{os.cpu_count()} cores; compare ratios within a workload only.", "",
              "| workload | variant | step (ms) | vs adam | compile (s) | state (MiB) | peak (MiB) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
