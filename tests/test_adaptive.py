@@ -421,8 +421,10 @@ def test_lion_mode_and_smooth_beta_are_checked_by_name():
         ux.optimizers.lion(mode="invalid_mode")
     with pytest.raises(ValueError, match=r"scale_by_lion\(smooth_beta=0.0\): smooth_beta must be in \(0, inf\)"):
         scale_by_lion(mode="smooth", smooth_beta=0.0)
-    with pytest.raises(ValueError, match="smooth_beta is read only when mode='smooth'"):
-        scale_by_lion(mode="refined", smooth_beta=2.0)
+    # smooth_beta is read only by "smooth" (as optax): unread, it is left unsaid, but still checked
+    assert scale_by_lion(mode="refined", smooth_beta=2.0) == scale_by_lion(mode="refined")
+    with pytest.raises(ValueError, match=r"smooth_beta must be in \(0, inf\)"):
+        scale_by_lion(smooth_beta=-1.0)
     # the default mode is stored unsaid: pipelines built before these options print and compare as they did
     assert scale_by_lion(mode="hard") == scale_by_lion()
     assert repr(scale_by_lion(mode="refined")) == "scale_by_lion(b1=0.9, b2=0.99, mode='refined')"

@@ -90,6 +90,9 @@ def _unread_or_positive(call, name, value):
     return None if value is None else POSITIVE.check(call, name, value)
 
 
+_SMOOTH_BETA = Valid(rule=_unread_or_positive, text="must be in (0, inf)", values=POSITIVE)
+
+
 def _lion_direction(x, mode, smooth_beta):
     if mode is None:  # "hard", stored as None (a late option: see OneOf)
         return jnp.sign(x)
@@ -145,8 +148,8 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
             least float32. Default: ``None``.
         mode: the map $\phi$: ``"hard"`` (the sign), ``"smooth"`` (tanh) or
             ``"refined"`` (clipped to [-1, 1]). Default: ``'hard'``.
-        smooth_beta: the slope $\beta$ of ``"smooth"``'s tanh, > 0; read only
-            when ``mode="smooth"``. Default: ``1.0``.
+        smooth_beta: the slope $\beta$ of ``"smooth"``'s tanh, > 0; read (and
+            kept, printed) only when ``mode="smooth"``, as optax. Default: ``1.0``.
 
     Returns:
         An update object with state ``ScaleByLionState(mu)``.
@@ -165,17 +168,14 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
         2023, Algorithm 2. https://arxiv.org/abs/2302.06675
     """
-    if mode in _LION_MODES and mode != "smooth" and not (isinstance(smooth_beta, (int, float)) and smooth_beta == 1.0):
-        raise ValueError(f"scale_by_lion(mode={mode!r}, smooth_beta={smooth_beta!r}): smooth_beta is read only "
-                         "when mode='smooth'; leave it at its default 1.0 otherwise")
+    _SMOOTH_BETA.check("scale_by_lion", "smooth_beta", smooth_beta, schedulable=True)  # by its name, read or not
     if mode != "smooth":
         smooth_beta = None  # unread: left unsaid, so scale_by_lion() prints and compares as before these options
     # The sign reads the old momentum: mu is written after the params' update (``state_last``).
     return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name="scale_by_lion",
                     options=dict(b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta),
                     domains=dict(b1=UNIT, b2=UNIT, mu_dtype=FloatDtype(), mode=OneOf(_LION_MODES, late=True, default="hard"),
-                                 smooth_beta=Valid(rule=_unread_or_positive, text="must be in (0, inf)",
-                                                   values=POSITIVE)),
+                                 smooth_beta=_SMOOTH_BETA),
                     schedulable=("b1", "b2", "smooth_beta"),
                     state_last=("mu",))
 
