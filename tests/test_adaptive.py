@@ -129,6 +129,13 @@ CASES = [
     # (id, updax factory, optax factory, state pairs, lr for evolving params or None)
     ("lion", lambda: scale_by_lion(b1=0.8, b2=0.95),
      lambda: optax.scale_by_lion(b1=0.8, b2=0.95, mu_dtype=None, mode="hard"), fields("scale_by_lion", "mu"), None),
+    # optax 0.2.8's smooth stand-ins for the sign: the step scales of GRADS put the interpolation on both sides of 1
+    ("lion_smooth", lambda: scale_by_lion(b1=0.8, b2=0.95, mode="smooth", smooth_beta=2.5),
+     lambda: optax.scale_by_lion(b1=0.8, b2=0.95, mu_dtype=None, mode="smooth", smooth_beta=2.5),
+     fields("scale_by_lion", "mu"), None),
+    ("lion_refined", lambda: scale_by_lion(b1=0.8, b2=0.95, mode="refined"),
+     lambda: optax.scale_by_lion(b1=0.8, b2=0.95, mu_dtype=None, mode="refined"), fields("scale_by_lion", "mu"),
+     None),
     ("amsgrad", lambda: scale_by_amsgrad(**ADAM_KW),
      lambda: optax.scale_by_amsgrad(**ADAM_KW, mu_dtype=None, bias_correction_mu=True, bias_correction_nu=True),
      fields("scale_by_amsgrad", "mu", "nu", "nu_max", "count"), None),
@@ -388,6 +395,59 @@ def test_defaults_are_optax_s(fn):
     for name in names:
         ours_name, theirs_name = name if isinstance(name, tuple) else (name, name)
         assert ours[ours_name].default == theirs[theirs_name].default, (fn.__name__, name)
+
+
+@pytest.mark.parametrize("mode", ["hard", "smooth", "refined"])
+def test_lion_optimizer_modes_match_optax_chain(mode):
+    """optax 0.2.8's ``lion`` does not pass ``mode`` on: its chain, with the mode, is the reference; the
+    params evolve, so the decay and the learning rate are compared too."""
+    beta = dict(smooth_beta=0.7) if mode == "smooth" else {}
+    ux_opt = ux.optimizers.lion(0.05, b1=0.8, b2=0.95, decay=0.1, mode=mode, **beta)
+    ox_opt = optax.chain(optax.scale_by_lion(b1=0.8, b2=0.95, mode=mode, **beta),
+                         optax.add_decayed_weights(0.1), optax.scale_by_learning_rate(0.05))
+    ux_p = ox_p = PARAMS
+    ux_s, ox_s = ux_opt.init(ux_p), ox_opt.init(ox_p)
+    for t, g in enumerate(GRADS):
+        ux_u, ux_s = ux_opt.update(g, ux_s, ux_p)
+        ox_u, ox_s = ox_opt.update(g, ox_s, ox_p)
+        assert_trees_close(ux_u, ox_u, f"step {t + 1} updates ({mode})")
+        ux_p, ox_p = ux.apply_updates(ux_p, ux_u), optax.apply_updates(ox_p, ox_u)
+
+
+def test_lion_mode_and_smooth_beta_are_checked_by_name():
+    with pytest.raises(ValueError, match=r"scale_by_lion\(mode='sign'\): mode must be 'hard' or 'smooth' or 'refined'"):
+        scale_by_lion(mode="sign")
+    with pytest.raises(ValueError, match=r"mode must be 'hard' or 'smooth' or 'refined'"):
+        ux.optimizers.lion(mode="invalid_mode")
+    with pytest.raises(ValueError, match=r"scale_by_lion\(smooth_beta=0.0\): smooth_beta must be in \(0, inf\)"):
+        scale_by_lion(mode="smooth", smooth_beta=0.0)
+    # smooth_beta is read only by "smooth" (as optax): unread, it is left unsaid, but still checked
+    assert scale_by_lion(mode="refined", smooth_beta=2.0) == scale_by_lion(mode="refined")
+    with pytest.raises(ValueError, match=r"smooth_beta must be in \(0, inf\)"):
+        scale_by_lion(smooth_beta=-1.0)
+    # the default mode is stored unsaid: pipelines built before these options print and compare as they did
+    assert scale_by_lion(mode="hard") == scale_by_lion()
+    assert repr(scale_by_lion(mode="refined")) == "scale_by_lion(b1=0.9, b2=0.99, mode='refined')"
+
+
+def test_lion_smooth_beta_takes_a_schedule():
+    """A scheduled slope: a constant schedule gives the constant's numbers; a changing one is read each step
+    (tanh(beta_t x), x the interpolation of the old momentum, worked out here)."""
+    g = {"w": jnp.array([0.3, -1.5, 0.02])}
+    const = scale_by_lion(mode="smooth", smooth_beta=lambda count: 3.0)
+    plain = scale_by_lion(mode="smooth", smooth_beta=3.0)
+    s1, s2 = const.init(g), plain.init(g)
+    m = np.zeros(3)
+    moving = scale_by_lion(b1=0.5, b2=0.9, mode="smooth", smooth_beta=lambda count: 1.0 + jnp.asarray(count, jnp.float32))
+    s3 = moving.init(g)
+    for t in range(4):
+        u1, s1 = const.update(g, s1)
+        u2, s2 = plain.update(g, s2)
+        assert_trees_close(u1, u2, f"step {t + 1}")
+        u3, s3 = moving.update(g, s3)
+        x = 0.5 * m + 0.5 * np.asarray(g["w"], np.float64)
+        np.testing.assert_allclose(np.asarray(u3["w"]), np.tanh((1.0 + t) * x), rtol=1e-6, atol=1e-7)
+        m = 0.9 * m + 0.1 * np.asarray(g["w"], np.float64)
 
 
 def test_repr_shows_the_options():

@@ -609,6 +609,18 @@ def _momo_decay_forms(params):
     return st.sampled_from(["proximal", "decoupled"])
 
 
+@_structural("scale_by_lion", "mode", "'\"hard\", \"smooth\" or \"refined\"'")
+@_structural("optimizers.lion", "mode", "scale_by_lion.mode")
+def _lion_modes(params):
+    return st.sampled_from(["hard", "smooth", "refined"])
+
+
+@_structural("optimizers.adafactor", "dtype_momentum", "a storage dtype, as the *_dtype options (None only for "
+             "complex trees)")
+def _adafactor_momentum_dtypes(params):
+    return st.just(None) if _is_complex(params) else st.sampled_from(DTYPE_OPTIONS)
+
+
 @_structural("reduce_on_plateau", "mode", "'\"min\" or \"max\"'")
 def _plateau_modes(params):
     return st.sampled_from(["min", "max"])

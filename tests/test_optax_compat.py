@@ -224,6 +224,58 @@ def test_adafactor_takes_a_traced_decay_offset():
         O.adafactor(decay_offset=jnp.asarray(-1))
 
 
+def _real_grads(params, t):
+    """Changing real gradients that depend on the params, of a size that varies with the step."""
+    return jax.tree.map(lambda p: jnp.cos(p * (t + 1)) * (0.1 + t % 4), params)
+
+
+def test_adafactor_dtype_momentum_matches_optax():
+    """optax's ``dtype_momentum``, bfloat16, over 20 steps on a nested tree (matrices factored, vectors and a
+    scalar not, None leaves), with decay, both sides at updax's params each step.
+
+    The rule: the stored momentum is ``bf16(0.9·m + 0.1·x)`` summed in float32, ``x`` what Adafactor without
+    momentum would step by (its update plus the decay, negated), and updax's step is ``-(m + decay·p)`` of it:
+    checked to float32's precision. optax 0.2.8 differs by bfloat16's rounding: it rounds ``0.9·m`` to
+    bfloat16 before the sum (a bfloat16 ``m`` times a Python float stays bfloat16) and steps with the momentum
+    before it is rounded; so against optax the momentum and the step agree to a few bfloat16 steps of the
+    momentum's size."""
+    params = nested_tree()
+    ours = O.adafactor(0.05, min_dim_size_to_factor=2, momentum=0.9, decay=0.01, dtype_momentum=jnp.bfloat16)
+    plain = O.adafactor(0.05, min_dim_size_to_factor=2, decay=0.01)
+    theirs = optax.adafactor(0.05, min_dim_size_to_factor=2, momentum=0.9, weight_decay_rate=0.01,
+                             dtype_momentum=jnp.bfloat16)
+    s1, s2, s3 = ours.init(params), theirs.init(params), plain.init(params)
+    m = jax.tree.map(lambda p: jnp.zeros_like(p, jnp.bfloat16), params)
+
+    def optax_ema(state):
+        return next(x for x in jax.tree.leaves(state, is_leaf=lambda x: hasattr(x, "ema")) if hasattr(x, "ema")).ema
+
+    as32 = lambda tree: jax.tree.map(lambda a: a.astype(jnp.float32), tree)  # noqa: E731
+    for t in range(STEPS):
+        g = _real_grads(params, t)
+        u1, s1 = ours.update(g, s1, params)
+        u2, s2 = theirs.update(g, s2, params)
+        u3, s3 = plain.update(g, s3, params)
+        x = jax.tree.map(lambda u, p: -u - 0.01 * p, u3, params)
+        m = jax.tree.map(lambda m, x: (0.9 * m.astype(jnp.float32) + 0.1 * x).astype(jnp.bfloat16), m, x)
+        m1 = ours.get_state(s1, "ema.ema")
+        assert {a.dtype for a in jax.tree.leaves(m1)} == {a.dtype for a in jax.tree.leaves(optax_ema(s2))} == {
+            jnp.dtype(jnp.bfloat16)}
+        _close(as32(m1), as32(m), f"step {t + 1} momentum: ", rtol=2 ** -7, atol=1e-7)  # one bfloat16 step
+        _close(u1, jax.tree.map(lambda m, p: -(m.astype(jnp.float32) + 0.01 * p), m1, params), f"step {t + 1}: ",
+               rtol=1e-6, atol=1e-7)
+        scale = max(float(jnp.max(jnp.abs(a.astype(jnp.float32)))) for a in jax.tree.leaves(m1))
+        _close(as32(m1), as32(optax_ema(s2)), f"step {t + 1} momentum vs optax: ", rtol=0, atol=2 ** -5 * scale)
+        _close(u1, u2, f"step {t + 1} vs optax: ", rtol=0, atol=2 ** -5 * scale)
+        params = ux.apply_updates(params, u1)
+        m = m1  # the reference goes on from updax's momentum: one step's rounding at a time
+    with pytest.raises(TypeError, match=r"adafactor\(dtype_momentum='int32'\): dtype_momentum must be None or a "
+                                        "floating dtype"):
+        O.adafactor(momentum=0.9, dtype_momentum="int32")
+    with pytest.raises(TypeError, match=r"adafactor\(dtype_momentum='int32'\)"):
+        O.adafactor(dtype_momentum="int32")  # checked though unread without momentum
+
+
 def test_fromage_takes_a_schedule():
     schedule = ux.schedules.cosine_decay(0.1, decay_steps=15)
     opt = O.fromage(schedule)

@@ -316,9 +316,13 @@ class Flag(Domain):
 
 @dataclasses.dataclass(frozen=True)
 class OneOf(Domain):
-    """One of a few values (names, mostly): ``OneOf(("sps", "sps+"))``."""
+    """One of a few values (names, mostly): ``OneOf(("sps", "sps+"))``. ``late=True`` is a choice added to a
+    stage after it shipped: stored as None at its default (``default``), as :class:`Flag`'s ``late``, so that
+    pipelines built before it print and compare as they did (None, its stored form, is its default too)."""
 
     choices: tuple = ()
+    late: bool = False
+    default: Any = None
 
     @property
     def text(self) -> str:  # type: ignore[override]
@@ -329,9 +333,11 @@ class OneOf(Domain):
             known = any(type(value) is type(c) and value == c for c in self.choices)
         except (TypeError, ValueError):
             known = False
+        if self.late and value is None:
+            return None
         if not known:
             fail(call, name, value, self.text, ValueError)
-        return value
+        return None if self.late and value == self.default else value
 
 
 @dataclasses.dataclass(frozen=True)

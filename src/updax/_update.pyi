@@ -459,6 +459,8 @@ class Update:
         b2: ScalarOrSchedule = 0.99,
         *,
         mu_dtype: DType = None,
+        mode: str = 'hard',
+        smooth_beta: ScalarOrSchedule = 1.0,
     ) -> Update:
         """Scales updates to the sign of an interpolation of momentum and update (Lion). See
         :func:`updax.scale_by_lion`."""

@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from updax import _validate as check
 from updax import schedules
-from updax._typing import PyTree, ScalarOrSchedule
+from updax._domains import FloatDtype
+from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
 from updax.optimizers._common import maximized, optimizer
 from updax.updates import scale_by_factored_rms, scale_by_sm3
@@ -18,7 +19,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
               clipping_threshold: ScalarOrSchedule | None = 1.0, momentum: ScalarOrSchedule | None = None,
               decay: ScalarOrSchedule | None = None, eps: ScalarOrSchedule = 1e-30, factored: bool = True, *,
               mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
-              maximize: bool = False) -> Update:
+              maximize: bool = False, dtype_momentum: DType = None) -> Update:
     """Adafactor: factored second moments, update clipping and relative step sizes.
 
     Pipeline: ``scale_by_factored_rms(...) |> clip_by_block_rms(clipping_threshold)
@@ -43,6 +44,11 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         decay: weight decay, or None. Default: ``None``.
         eps: added to the squared gradient. Default: ``1e-30``.
         factored: factor the second moments at all. Default: ``True``.
+        dtype_momentum: storage dtype of the momentum (optax's name; the
+            ``accumulator_dtype`` of the ``ema`` stage); None keeps the
+            params' dtype but at least float32, which is optax's float32 for
+            float32 and bfloat16 params. Read only when ``momentum`` is set
+            (checked either way). Default: ``None``.
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf. Default: ``None``.
@@ -70,6 +76,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
         Memory Cost", ICML 2018. https://arxiv.org/abs/1804.04235
     """
     check.flag("adafactor", "multiply_by_parameter_scale", multiply_by_parameter_scale)
+    FloatDtype().check("adafactor", "dtype_momentum", dtype_momentum)  # by its name here, read or not
     opt = scale_by_factored_rms(factored=factored, decay_rate=decay_rate, step_offset=decay_offset,
                                 min_dim_size_to_factor=min_dim_size_to_factor, epsilon=eps)
     if clipping_threshold is not None:
@@ -78,7 +85,7 @@ def adafactor(learning_rate: ScalarOrSchedule | None = None, min_dim_size_to_fac
     if multiply_by_parameter_scale:
         opt = opt.scale_by_param_block_rms()
     if momentum is not None:
-        opt = opt.ema(momentum, debias=False)
+        opt = opt.ema(momentum, debias=False, accumulator_dtype=dtype_momentum)
     if decay is not None:
         opt = opt.add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
     return maximized(maximize, opt.scale(-1.0))

@@ -13,7 +13,8 @@ from updax.updates import scale_by_lion, scale_by_rprop, scale_by_sign, trace
 @optimizer
 def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99,
          decay: ScalarOrSchedule = 1e-3, *, mu_dtype: DType = None, mask: PyTree | Callable[[PyTree],
-         PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False) -> Update:
+         PyTree] | None = None, cautious_decay: bool = False, maximize: bool = False, mode: str = "hard",
+         smooth_beta: ScalarOrSchedule = 1.0) -> Update:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay.
 
     Pipeline: ``scale_by_lion(b1, b2) |> add_decayed_weights(decay) |> scale_by_learning_rate(lr)``.
@@ -35,6 +36,11 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
+        mode: the map of the interpolated momentum: ``"hard"`` (its sign,
+            the paper's), ``"smooth"`` (tanh) or ``"refined"`` (clipped to
+            [-1, 1]); see ``scale_by_lion``. Default: ``'hard'``.
+        smooth_beta: the slope of ``"smooth"``'s tanh, > 0; only with
+            ``mode="smooth"``. Default: ``1.0``.
 
     Returns:
         An update object; ``update`` needs ``params``.
@@ -48,7 +54,7 @@ def lion(learning_rate: ScalarOrSchedule = 1e-4, b1: ScalarOrSchedule = 0.9, b2:
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023.
         https://arxiv.org/abs/2302.06675
     """
-    pipeline = (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype)
+    pipeline = (scale_by_lion(b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta)
                 .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)

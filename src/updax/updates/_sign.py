@@ -14,7 +14,8 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, MomentField, NonNegativeField, Real, Relation
+from updax._domains import (NON_NEGATIVE, POSITIVE, UNIT, FloatDtype, MomentField, NonNegativeField, OneOf, Real,
+                            Relation, Valid)
 from updax._primitives import stateful, stateless
 from updax._typing import DType, ScalarOrSchedule
 from updax._update import Update
@@ -80,18 +81,39 @@ def _init_scale_by_lion(params, *, mu_dtype):
     return ScaleByLionState(mu=_tree.accumulators(params, mu_dtype))
 
 
-def _apply_scale_by_lion(updates, state, params, *, b1, b2):
+#: The maps from the interpolated momentum to the update: the sign, or one of two smooth stand-ins for it.
+_LION_MODES = ("hard", "smooth", "refined")
+
+
+def _unread_or_positive(call, name, value):
+    """None (``smooth_beta`` where ``mode`` is not "smooth": unread, left unsaid), or a number > 0."""
+    return None if value is None else POSITIVE.check(call, name, value)
+
+
+_SMOOTH_BETA = Valid(rule=_unread_or_positive, text="must be in (0, inf)", values=POSITIVE)
+
+
+def _lion_direction(x, mode, smooth_beta):
+    if mode is None:  # "hard", stored as None (a late option: see OneOf)
+        return jnp.sign(x)
+    if mode == "smooth":
+        return jnp.tanh(smooth_beta * x)
+    return jnp.clip(x, -1.0, 1.0)  # "refined": x where |x| < 1, its sign beyond
+
+
+def _apply_scale_by_lion(updates, state, params, *, b1, b2, mode, smooth_beta):
     real_only("scale_by_lion", updates)
 
     def leaf(g, m):
-        return jnp.sign(moment(b1, m, g)), moment(b2, m, g)  # the sign uses the old m
+        return _lion_direction(moment(b1, m, g), mode, smooth_beta), moment(b2, m, g)  # the map reads the old m
 
     u, mu = per_leaf("scale_by_lion", leaf, (updates, state.mu), ("updates", "state.mu"))
     return u, ScaleByLionState(mu=mu)
 
 
 @combinator
-def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu_dtype: DType = None) -> Update:
+def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu_dtype: DType = None,
+                  mode: str = "hard", smooth_beta: ScalarOrSchedule = 1.0) -> Update:
     r"""Scales updates to the sign of an interpolation of momentum and update (Lion).
 
     Update rule (the sign uses the old $m$; $m$ is updated after), for an update $g$, with $b_1$ = ``b1``, $b_2$ =
@@ -99,10 +121,24 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
 
     $$
     \begin{align*}
-    u &= \operatorname{sign}(b_1 m + (1 - b_1)\, g) \\
+    x &= b_1 m + (1 - b_1)\, g \\
+    u &= \phi(x) \\
     m &\gets b_2 m + (1 - b_2)\, g
     \end{align*}
     $$
+
+    where the map $\phi$ is chosen by ``mode`` (optax 0.2.8's ``mode``), with $\beta$ = ``smooth_beta``:
+
+    $$
+    \phi(x) = \begin{cases}
+    \operatorname{sign}(x) & \text{``hard'' (the paper's rule)} \\
+    \tanh(\beta x) & \text{``smooth''} \\
+    \max(-1, \min(1, x)) & \text{``refined'': } x \text{ where } |x| < 1 \text{, else } \operatorname{sign}(x)
+    \end{cases}
+    $$
+
+    The two smooth maps are optax's documented variants, not the paper's: $\tanh(\beta x)$ tends to the sign as
+    $\beta \to \infty$; "refined" keeps small interpolations linear and saturates large ones to their sign.
 
     Args:
         b1: weight of the momentum in the interpolation, in [0, 1); the
@@ -110,6 +146,10 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
         b2: decay of the momentum, in [0, 1); the paper's value. Default: ``0.99``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but at
             least float32. Default: ``None``.
+        mode: the map $\phi$: ``"hard"`` (the sign), ``"smooth"`` (tanh) or
+            ``"refined"`` (clipped to [-1, 1]). Default: ``'hard'``.
+        smooth_beta: the slope $\beta$ of ``"smooth"``'s tanh, > 0; read (and
+            kept, printed) only when ``mode="smooth"``, as optax. Default: ``1.0``.
 
     Returns:
         An update object with state ``ScaleByLionState(mu)``.
@@ -128,10 +168,15 @@ def scale_by_lion(b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.99, *, mu
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS
         2023, Algorithm 2. https://arxiv.org/abs/2302.06675
     """
+    _SMOOTH_BETA.check("scale_by_lion", "smooth_beta", smooth_beta, schedulable=True)  # by its name, read or not
+    if mode != "smooth":
+        smooth_beta = None  # unread: left unsaid, so scale_by_lion() prints and compares as before these options
     # The sign reads the old momentum: mu is written after the params' update (``state_last``).
     return stateful(_init_scale_by_lion, _apply_scale_by_lion, elementwise=True, name="scale_by_lion",
-                    options=dict(b1=b1, b2=b2, mu_dtype=mu_dtype),
-                    domains=dict(b1=UNIT, b2=UNIT, mu_dtype=FloatDtype()), schedulable=("b1", "b2"),
+                    options=dict(b1=b1, b2=b2, mu_dtype=mu_dtype, mode=mode, smooth_beta=smooth_beta),
+                    domains=dict(b1=UNIT, b2=UNIT, mu_dtype=FloatDtype(), mode=OneOf(_LION_MODES, late=True, default="hard"),
+                                 smooth_beta=_SMOOTH_BETA),
+                    schedulable=("b1", "b2", "smooth_beta"),
                     state_last=("mu",))
 
 
