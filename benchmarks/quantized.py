@@ -7,6 +7,7 @@ Run from the repository root::
     python benchmarks/quantized.py steps             # S, T and B: step, compile and peak memory (minutes)
     python benchmarks/quantized.py steps --quick     # small workloads: a smoke run
     python benchmarks/quantized.py parity            # AdamW on the digits MLP in each format (a minute)
+    python benchmarks/quantized.py parity --model tiny_lm   # on examples/tiny_lm.py's transformer (minutes)
 
 ``memory`` reads the state's shapes from ``jax.eval_shape(opt.init, params)``
 for a model of 1,050,112 parameters (two 512 x 1024 matrices and their
@@ -148,32 +149,66 @@ def steps(quick, repeats, workloads=("S", "T", "B")):
     print("\n".join(lines))
 
 
-def parity(seeds=(0, 1, 2)):
-    """AdamW on the digits MLP of tests/test_quantized_state.py (600 steps at 1e-3, minibatches of 64), float32
-    and in each format, rounding to nearest and stochastically, from the initial params of each seed: the final
-    loss on all the digits, its mean over the seeds, and the mean's gap to float32's."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import statistics
-
-    import test_quantized_state as t
-
-    base = ux.optimizers.adamw(1e-3, decay=1e-4)
+def _variants(base, min_size):
+    """float32 ``base``, then ``base`` quantized in each format, rounding to nearest and stochastically."""
     variants = [("float32", None, base)]
     for bits in FORMATS:
         for rounding in ("nearest", "stochastic"):
-            variants.append((str(bits), rounding, base.quantized_state(bits=bits, min_size=1024, rounding=rounding)))
+            variants.append((str(bits), rounding, base.quantized_state(bits=bits, min_size=min_size,
+                                                                       rounding=rounding)))
+    return variants
+
+
+def _digits(seeds):
+    """AdamW on the digits MLP of tests/test_quantized_state.py: the final loss on all the digits, per seed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import test_quantized_state as t
+
+    about = (f"`python benchmarks/quantized.py parity`: AdamW (1e-3, decay 1e-4) on the digits MLP of "
+             f"tests/test_quantized_state.py, 600 steps on minibatches of 64, the final loss on all 1797 digits; "
+             f"seeds {', '.join(map(str, seeds))} draw the initial params (the batches are the same). Quantized "
+             "with `min_size=1024` (both weight matrices' moments).")
+    variants = _variants(ux.optimizers.adamw(1e-3, decay=1e-4), 1024)
+    return about, variants, lambda opt, seed: t._train(opt, seed=seed)[0]
+
+
+def _tiny_lm(seeds, steps=400):
+    """AdamW on examples/tiny_lm.py's transformer at its best rate there (3e-3, decay 0.01 on the matrices): the
+    mean batch loss over the last tenth of the steps, as the example reports it, per seed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import tiny_lm
+
+    data = tiny_lm.batches(tiny_lm.corpus(), steps)
+    _, build = tiny_lm.OPTIMIZERS["adamw"]
+    about = (f"`python benchmarks/quantized.py parity --model tiny_lm`: AdamW (3e-3, decay 0.01 on the matrices) on "
+             f"examples/tiny_lm.py's transformer ({tiny_lm.BLOCKS} blocks, width {tiny_lm.WIDTH}), {steps} steps on "
+             f"the example's batches of {tiny_lm.BATCH} x {tiny_lm.CONTEXT} bytes, the mean loss over the last "
+             f"{steps // 10} batches (nats per byte); seeds {', '.join(map(str, seeds))} draw the initial params "
+             "(the batches are the same). Quantized with the default `min_size=4096`: every matrix's moments, the "
+             "vectors' kept in float32.")
+
+    def final(opt, seed):
+        losses = tiny_lm.train(opt, tiny_lm.init_params(jax.random.key(seed)), data)["losses"]
+        return sum(losses[-(steps // 10):]) / (steps // 10)
+
+    return about, _variants(build(3e-3), 4096), final
+
+
+def parity(seeds=(0, 1, 2), model="digits"):
+    """AdamW on a model, float32 and in each format, rounding to nearest and stochastically, from the initial
+    params of each seed: the final loss, its mean over the seeds, and the mean's gap to float32's."""
+    import statistics
+
+    about, variants, final = (_digits if model == "digits" else _tiny_lm)(seeds)
     rows = []
     for name, rounding, opt in variants:
-        losses = [t._train(opt, seed=seed)[0] for seed in seeds]
+        losses = [float(final(opt, seed)) for seed in seeds]
         rows.append(dict(state=name, rounding=rounding, losses=losses, mean=statistics.mean(losses),
                          spread=max(losses) - min(losses)))
         print(rows[-1], flush=True)
     reference = rows[0]["mean"]
     per_seed = rows[0]["losses"]
-    lines = [f"`python benchmarks/quantized.py parity`: AdamW (1e-3, decay 1e-4) on the digits MLP of "
-             f"tests/test_quantized_state.py, 600 steps on minibatches of 64, the final loss on all 1797 digits; "
-             f"seeds {', '.join(map(str, seeds))} draw the initial params (the batches are the same). Quantized "
-             "with `min_size=1024` (both weight matrices' moments).", "",
+    lines = [about, "",
              "| state | rounding | " + " | ".join(f"seed {s}" for s in seeds)
              + " | mean | vs float32's mean | per seed vs float32's |",
              "| --- | --- | " + " | ".join("---:" for _ in seeds) + " | ---: | ---: | --- |"]
@@ -184,8 +219,9 @@ def parity(seeds=(0, 1, 2)):
     spread = rows[0]["spread"]
     lines += ["", f"float32's own spread over the seeds: {min(per_seed):.4f} to {max(per_seed):.4f}, "
               f"{100 * spread / reference:.1f}% of its mean."]
-    (RESULTS / "quantized_parity.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "quantized_parity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    stem = "quantized_parity" if model == "digits" else f"quantized_parity_{model}"
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
     print("\n".join(lines))
 
 
@@ -195,11 +231,12 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--workloads", default="S,T,B", help="a comma-separated subset of S, T, B")
+    parser.add_argument("--model", choices=["digits", "tiny_lm"], default="digits", help="parity's model")
     args = parser.parse_args(argv)
     if args.what == "memory":
         memory()
     elif args.what == "parity":
-        parity()
+        parity(model=args.model)
     else:
         steps(args.quick, args.repeats, tuple(args.workloads.split(",")))
 

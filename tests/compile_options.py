@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 
 #: XLA's cheapest compilation for the CPU (about 4x faster here), for checks of values, not of the program.
-FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0,
+                "xla_cpu_parallel_codegen_split_count": 1}
 
 #: XLA's default compilation, the one a user's program gets, for the checks that hold its program or its numbers.
 DEFAULT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
