@@ -77,4 +77,7 @@ def resume(directory):
 
 
 if __name__ == "__main__":
+    import xla_cache
+
+    xla_cache.write_atomically()  # (it shares the test run's compile cache: tests/conftest.py)
     resume(sys.argv[1])

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import os
 
-#: XLA's cheapest compilation for the CPU (about 4x faster here), for checks of values, not of the program.
+#: XLA's cheapest compilation for the CPU (about 4x faster here), for checks of values, not of the program. The
+#: program is generated in one part rather than XLA's 32 (parts compiled on threads of their own, which on two
+#: cores and a small program cost more than they save: the contract's sweep, 19.9 s of CPU -> 16.6).
 FAST_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0,
                 "xla_cpu_parallel_codegen_split_count": 1}
 
-#: XLA's default compilation, the one a user's program gets, for the checks that hold its program or its numbers.
-DEFAULT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
+#: XLA's default compilation, the one a user's program gets, for the checks that hold its program or its numbers:
+#: every option FAST_COMPILE sets, at XLA's default (the test processes' XLA_FLAGS carry FAST_COMPILE).
+DEFAULT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3,
+                   "xla_cpu_parallel_codegen_split_count": 32}
 
 #: ``XLA_FLAGS`` as the user started the tests (conftest adds :data:`FAST_COMPILE` to the processes' own).
 USER_XLA_FLAGS = os.environ.get("UPDAX_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))

@@ -14,8 +14,8 @@ failure, and neither has a deadline (a JAX example's time is mostly
 compilation, which varies with the machine).
 
 Each test process compiles at XLA's cheapest (tests/compile_options.py; ``UPDAX_TEST_COMPILE=default``
-compiles as a user's program does) and keeps JAX's persistent compilation cache in a directory of its own for
-the run (see :func:`_compile_cache`).
+compiles as a user's program does), and the test processes of a run share JAX's persistent compilation cache
+(see :func:`_compile_cache`).
 """
 
 from __future__ import annotations
@@ -76,34 +76,47 @@ def pytest_configure(config):
 
 
 # --------------------------------------------------------------------------
-# Compile each program once per process. Most of the suite's time is XLA compiling, and many tests build the
-# same optimizer and jit the same step anew (a fresh closure, so JAX's in-memory caches miss): with the
-# persistent cache on, a program whose HLO (module name included) was compiled before in this process is loaded
-# from the disk instead. The executable is the one the compile wrote, so nothing tested changes: the same
-# kernels run, and a test reading the compiled HLO or its memory analysis reads the same text. The directory is
-# the process's own (JAX writes the entries without a lock, so processes do not share one) and lives for the
-# run: every run compiles everything once. A cache directory the user has set (JAX_COMPILATION_CACHE_DIR) is
-# left as it is. Measured: tests/test_contract.py alone, 239 s without it and 151 s with it (-n0).
+# Compile each program once per run. Most of the suite's time is XLA compiling, and many tests build the same
+# optimizer and jit the same step anew (a fresh closure, so JAX's in-memory caches miss), in either worker: with
+# the persistent cache on, a program whose HLO (module name included) was compiled before in this run, by this
+# process or another, is loaded from the disk instead. The executable is the one the compile wrote, so nothing
+# tested changes: the same kernels run, and a test reading the compiled HLO or its memory analysis reads the same
+# text. The controller makes the directory, the workers share it (tests/xla_cache.py writes each entry whole),
+# and it lives for the run: every run compiles everything once. A cache directory the user has set
+# (JAX_COMPILATION_CACHE_DIR) is left as it is. Measured: tests/test_contract.py alone, 239 s without it and
+# 151 s with it (-n0); the contract, held, fuzz and dtype sweeps with 2 workers, 306 s of CPU with a directory
+# per process and 279 s with one shared.
 
 COMPILE_CACHE = pytest.StashKey[dict]()
+_CACHE_KEY = "updax_compile_cache"
 
 
 def _compile_cache(config):
     import jax  # (here, not at the top: the hypothesis profiles above need no JAX)
 
-    if jax.config.jax_compilation_cache_dir:
+    import xla_cache
+
+    if jax.config.jax_compilation_cache_dir or not xla_cache.write_atomically():
         return
+    workerinput = getattr(config, "workerinput", None)
+    directory = workerinput.get(_CACHE_KEY) if workerinput is not None else None
+    if directory is None:  # the controller, or a run without xdist: the run's directory, removed at its end
+        directory = tempfile.mkdtemp(prefix="updax-xla-cache-")
+        config.stash[_OWNED_CACHE] = directory
     # Every program, however quick to compile or small.
-    config.stash[COMPILE_CACHE] = {"jax_compilation_cache_dir": tempfile.mkdtemp(prefix="updax-xla-cache-"),
+    config.stash[COMPILE_CACHE] = {"jax_compilation_cache_dir": directory,
                                    "jax_persistent_cache_min_compile_time_secs": 0.0,
                                    "jax_persistent_cache_min_entry_size_bytes": -1}
     for name, value in config.stash[COMPILE_CACHE].items():
         jax.config.update(name, value)
 
 
+_OWNED_CACHE = pytest.StashKey[str]()
+
+
 def compile_cache_env(config) -> dict:
-    """Environment variables that give a subprocess this process's compile cache, for a subprocess this process
-    waits for (it writes nothing meanwhile): a fresh process that resumes what this one compiled loads it."""
+    """Environment variables that give a subprocess the run's compile cache: a fresh process that resumes what the
+    tests compiled loads it (it must call tests/xla_cache.py's write_atomically before it compiles)."""
     return {name.upper(): str(value) for name, value in config.stash.get(COMPILE_CACHE, {}).items()}
 
 
@@ -113,8 +126,10 @@ def pytest_xdist_auto_num_workers(config):  # (pytest-xdist) -n auto: one worker
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):  # (pytest-xdist, in the controller) the workers learn where the results go
+def pytest_configure_node(node):  # (pytest-xdist, in the controller) the workers learn where results and programs go
     node.workerinput[_WORKER_KEY] = node.config.stash[SHARDED_OUT]
+    if _OWNED_CACHE in node.config.stash:
+        node.workerinput[_CACHE_KEY] = node.config.stash[_OWNED_CACHE]
 
 
 def sharded_out(config) -> str:
@@ -181,5 +196,5 @@ def pytest_unconfigure(config):
         proc.wait()
     if not hasattr(config, "workerinput") and SHARDED_OUT in config.stash:
         shutil.rmtree(os.path.dirname(config.stash[SHARDED_OUT]), ignore_errors=True)
-    if COMPILE_CACHE in config.stash:
-        shutil.rmtree(config.stash[COMPILE_CACHE]["jax_compilation_cache_dir"], ignore_errors=True)
+    if _OWNED_CACHE in config.stash:
+        shutil.rmtree(config.stash[_OWNED_CACHE], ignore_errors=True)
