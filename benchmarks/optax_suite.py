@@ -71,23 +71,32 @@ def _scales_to_values(a: dict) -> dict:
 
 
 def _muon_dims(a: dict) -> dict:
-    """optax.contrib's ``MuonDimensionNumbers`` (a tree of them, or a function returning one) as updax's."""
+    """optax.contrib's ``MuonDimensionNumbers`` or ``GaLoreDimensionNumbers`` (a tree of them, or a function
+    returning one) as updax's ``MuonDimensionNumbers`` (GaLore reads Muon's: one mechanism)."""
     import jax
     import optax.contrib
+    from optax.contrib._galore import GaLoreDimensionNumbers
 
     import updax as ux
 
+    kinds = (optax.contrib.MuonDimensionNumbers, GaLoreDimensionNumbers)
+
     def convert(tree):
         return jax.tree.map(lambda d: ux.MuonDimensionNumbers(d.reduction_axis, d.output_axis)
-                            if isinstance(d, optax.contrib.MuonDimensionNumbers) else d, tree,
-                            is_leaf=lambda d: isinstance(d, optax.contrib.MuonDimensionNumbers))
+                            if isinstance(d, kinds) else d, tree, is_leaf=lambda d: isinstance(d, kinds))
 
     for key in ("weight_dimension_numbers", "muon_weight_dimension_numbers"):
         dims = a.get(key)
-        if callable(dims) and not isinstance(dims, optax.contrib.MuonDimensionNumbers):
+        if callable(dims) and not isinstance(dims, kinds):
             a[key] = functools.wraps(dims)(lambda params, dims=dims: convert(dims(params)))
         elif dims is not None:
             a[key] = convert(dims)
+    return a
+
+
+def _decoupled(a: dict) -> dict:
+    """optax's MoMo weight decay: updax's ``decay_form="decoupled"`` (updax's default is the paper's proximal step)."""
+    a["decay_form"] = "decoupled"
     return a
 
 
@@ -124,6 +133,10 @@ MAPPING: dict[str, tuple] = {
                                        "muon_weight_dimension_numbers": "weight_dimension_numbers"}, _muon_dims),
     "optax.contrib.scale_by_muon": ("ux.scale_by_muon", {}, _muon_dims),
     "optax.contrib.sophia": ("uo.sophia", WD),
+    "optax.contrib.galore": ("uo.galore", WD, _muon_dims),
+    "optax.contrib.scale_by_galore": ("ux.scale_by_galore", {}, _muon_dims),
+    "optax.contrib.momo": ("uo.momo", {**WD, "beta": "momentum"}, _decoupled),
+    "optax.contrib.momo_adam": ("uo.momo_adam", WD, _decoupled),
     "optax.contrib.dpsgd": ("uo.dpsgd", {"seed": "key"}),
     # transforms (optax._src.transform, optax.transforms)
     **{f"optax.{n}": (f"ux.{n}", {}) for n in (
@@ -174,7 +187,8 @@ MAPPING: dict[str, tuple] = {
 
 #: Keywords of ``update`` that updax names otherwise: the loss (optax's value=) and Sophia's objective.
 UPDATE_KEYWORDS = {"optax.contrib.reduce_on_plateau": {"value": "loss"}, "optax.scale_by_polyak": {"value": "loss"},
-                   "optax.contrib.sophia": {"obj_fn": "value_fn"}}
+                   "optax.contrib.sophia": {"obj_fn": "value_fn"}, "optax.contrib.momo": {"value": "loss"},
+                   "optax.contrib.momo_adam": {"value": "loss"}}
 
 #: optax constructors with no updax equivalent here (optax's own code runs; their tests count as not replaced
 #: when they use no mapped constructor). Neutral combinators (chain, named_chain, inject_hyperparams,
@@ -188,8 +202,7 @@ NOT_REPLACED = (
     # on its state): optax's tests of them read optax's state
     "optax.monitor", "optax.measure_with_ema", "optax.snapshot",
     "optax.flatten", "optax.set_to_zero",
-    "optax.contrib.sam", "optax.contrib.galore", "optax.contrib.scale_by_galore", "optax.contrib.momo",
-    "optax.contrib.momo_adam", "optax.contrib.normalize", "optax.contrib.hutchinson_estimator_diag_hessian",
+    "optax.contrib.sam", "optax.contrib.normalize", "optax.contrib.hutchinson_estimator_diag_hessian",
 )
 
 #: optax test files of internals that construct no optimizer: not run, their tests counted at collection.

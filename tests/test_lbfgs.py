@@ -312,3 +312,57 @@ def test_along_an_uphill_direction_the_search_fails_and_steps_uphill_as_optax_do
         np.testing.assert_allclose(stage.learning_rate, 0.8**20, rtol=1e-6)
     else:  # shrunk towards 0
         assert 0.0 < float(stage.learning_rate) < 1e-3
+
+
+def _printed(capsys, opt, w, direction, jit):
+    f = lambda p: jnp.sum(p**2)  # noqa: E731
+    def step(direction, state, w):
+        return opt.update(direction, state, w, value_fn=f)
+
+    _, state = (jax.jit(step) if jit else step)(direction, opt.init(w), w)
+    jax.effects_barrier()
+    return capsys.readouterr().out, state[-1]
+
+
+def _numbers(text):
+    import re
+
+    return [float(x) for x in re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text.split(":", 1)[1])]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_verbose_prints_a_failed_search_and_nothing_else(capsys, jit):
+    """optax's ``verbose``: f(w) = |w|² at w = (1, 2, 3), f = 14 and ∇f = 2w. Along +∇f (uphill) backtracking
+    fails: 4 tries (1, then 3 reductions by 0.8), slope |∇f|² = 56, step 0.8³, and decrease error
+    f(w + 0.512·2w) - 14 - 1e-4·0.512·56. Zoom with one evaluation and c₂ = 0 along -∇f: the step 1 lands on -w,
+    decrease error 14 - 14 + 1e-4·56 and curvature error |⟨∇f(-w), -∇f⟩| = 56. A search that succeeds, or one
+    built without ``verbose``, prints nothing."""
+    w = jnp.array([1.0, 2.0, 3.0])
+    g = 2 * w
+    out, state = _printed(capsys, ux.scale_by_backtracking_linesearch(3, verbose=True), w, g, jit)
+    assert out.startswith("scale_by_backtracking_linesearch: no step with sufficient decrease in 4 tries"), out
+    tries, value, slope, step, error = _numbers(out)
+    assert (tries, value, slope) == (4, 14.0, 56.0)
+    np.testing.assert_allclose([step, error], [0.8**3, 14 * (1 + 2 * 0.8**3) ** 2 - 14 - 1e-4 * 0.8**3 * 56],
+                               rtol=1e-6)
+    np.testing.assert_allclose(error, state.decrease_error, rtol=1e-6)
+    out, state = _printed(capsys, ux.scale_by_zoom_linesearch(1, curv_rtol=0.0, verbose=True), w, -g, jit)
+    assert out.startswith("scale_by_zoom_linesearch: no step meeting both conditions after 1 evaluations"), out
+    tries, value, slope, step, decrease, curvature = _numbers(out)
+    assert (tries, value, slope, step, curvature) == (1, 14.0, -56.0, 1.0, 56.0)
+    np.testing.assert_allclose(decrease, 1e-4 * 56, rtol=1e-5)
+    for quiet, direction in [(ux.scale_by_backtracking_linesearch(15, verbose=True), -g),
+                             (ux.scale_by_zoom_linesearch(20, verbose=True), -g),
+                             (ux.scale_by_backtracking_linesearch(3), g),
+                             (ux.scale_by_zoom_linesearch(1, curv_rtol=0.0), -g)]:
+        out, state = _printed(capsys, quiet, w, direction, jit)
+        assert out == "", (quiet, out)
+
+
+def test_verbose_is_a_late_flag():
+    """Built without it, or with False, a search prints, compares and hashes as it did before the option."""
+    for make in (ux.scale_by_zoom_linesearch, ux.scale_by_backtracking_linesearch):
+        assert make(5) == make(5, verbose=False) and "verbose" not in repr(make(5, verbose=False))
+        assert make(5, verbose=True) != make(5) and "verbose=True" in repr(make(5, verbose=True))
+        with pytest.raises(TypeError, match=r"verbose must be True or False"):
+            make(5, verbose="yes")

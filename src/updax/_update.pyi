@@ -366,6 +366,7 @@ class Update:
         rtol: float = 0.0,
         store_grad: bool = False,
         objective: Callable[..., Any] | None = None,
+        verbose: bool = False,
     ) -> Update:
         """Scales updates by a step size with sufficient decrease, found by backtracking (Armijo). See
         :func:`updax.scale_by_backtracking_linesearch`."""
@@ -799,6 +800,7 @@ class Update:
         stepsize_precision: float = 1e-05,
         initial_guess_strategy: str = 'keep',
         objective: Callable[..., Any] | None = None,
+        verbose: bool = False,
     ) -> Update:
         """Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
         See :func:`updax.scale_by_zoom_linesearch`."""

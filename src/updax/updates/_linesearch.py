@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from updax import _tree
 from updax._combinators import combinator
 from updax._domains import (NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, Function, Integer, OneOf, Real, Valid,
-                            scalar_input)
+                            is_concrete, scalar_input)
 from updax._options import keywords
 from updax._primitives import stateful
 from updax._stage import ScheduledState
@@ -56,14 +56,24 @@ _SHARED_DOMAINS = dict(slope_rtol=UNIT, objective=Function(optional=True))
 _BACKTRACKING_DOMAINS = dict(
     _SHARED_DOMAINS, max_backtracking_steps=Integer(0, 1000, why=_STEPS_WHY),
     decrease_factor=Real(0.0, 1.0, lo_open=True, hi_open=True), increase_factor=Real(1.0, inf=True), max_learning_rate=POSITIVE,
-    atol=NON_NEGATIVE, rtol=NON_NEGATIVE, store_grad=Flag())
+    atol=NON_NEGATIVE, rtol=NON_NEGATIVE, store_grad=Flag(), verbose=Flag(late=True))
 
 _ZOOM_DOMAINS = dict(
     _SHARED_DOMAINS, max_linesearch_steps=Integer(1, 1000, why=_STEPS_WHY),
     max_learning_rate=Valid(rule=_none_or_positive, text="must be None or in (0, inf)", values=POSITIVE),
     tol=NON_NEGATIVE, increase_factor=Real(1.0, lo_open=True), curv_rtol=NON_NEGATIVE,
     approx_dec_rtol=Valid(rule=_none_or_non_negative, text="must be None or in [0, inf)", values=NON_NEGATIVE),
-    stepsize_precision=NON_NEGATIVE, initial_guess_strategy=OneOf(("keep", "one")))
+    stepsize_precision=NON_NEGATIVE, initial_guess_strategy=OneOf(("keep", "one")), verbose=Flag(late=True))
+
+
+def _report(failed: Any, message: str, **values: Any) -> None:
+    """``verbose``: prints ``message`` with ``values`` (``jax.debug.print``'s format) where ``failed``, the step's
+    own test (under ``jax.jit`` in a ``lax.cond``, so a step that succeeds prints nothing)."""
+    if is_concrete(failed):
+        if bool(failed):
+            jax.debug.print(message, **values)
+    else:
+        jax.lax.cond(failed, lambda: jax.debug.print(message, **values), lambda: None)
 
 
 # --------------------------------------------------------------------------
@@ -178,7 +188,7 @@ def _init_backtracking(params, *, store_grad):
 
 
 def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope_rtol, decrease_factor,
-                        increase_factor, max_learning_rate, atol, rtol, store_grad, objective, **extra):
+                        increase_factor, max_learning_rate, atol, rtol, store_grad, objective, verbose, **extra):
     call = "scale_by_backtracking_linesearch"
     at, _, value, grad = _line(call, updates, params, objective, extra)
     dtype = value.dtype
@@ -204,6 +214,13 @@ def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope
     start = (first, value, state.grad, jnp.full([], jnp.inf, dtype), jnp.zeros([], jnp.int32))
     step, new_value, new_grad, error, n = jax.lax.while_loop(searching, body, start)
     failed = jnp.isinf(error)  # every value tried was NaN or infinite: no step, and the value and gradient at w
+    if verbose:
+        _report(~(error <= atol) & ~failed, "scale_by_backtracking_linesearch: no step with sufficient decrease in "
+                "{tries} tries: value at the params {value}, slope along the update {slope}, step taken {step}, "
+                "decrease error {error}", tries=n, value=value, slope=slope, step=step, error=error)
+        _report(failed, "scale_by_backtracking_linesearch: every value tried in {tries} tries was NaN or infinite: "
+                "a step of 0 (value at the params {value}, slope along the update {slope})", tries=n, value=value,
+                slope=slope)
     step = jnp.where(failed, 0.0, step).astype(dtype)
     new_value = jnp.where(failed, value, new_value)
     if store_grad:
@@ -216,8 +233,8 @@ def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope
 def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: float = 1e-4,
                                      decrease_factor: float = 0.8, increase_factor: float = 1.5,
                                      max_learning_rate: float = 1.0, atol: float = 0.0, rtol: float = 0.0,
-                                     store_grad: bool = False, objective: Callable[..., Any] | None = None
-                                     ) -> Update:
+                                     store_grad: bool = False, objective: Callable[..., Any] | None = None,
+                                     verbose: bool = False) -> Update:
     r"""Scales updates by a step size with sufficient decrease, found by backtracking (Armijo).
 
     Rule: with $f$ the objective, $w$ the params, $u$ the incoming update (a
@@ -261,6 +278,10 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
             Default: ``False``.
         objective: the objective ``f(params)``, for ``update`` calls without
             ``value_fn``; None to take it from ``update``. Default: ``None``.
+        verbose: print, with ``jax.debug.print``, the value and slope at
+            the params, the step and its error when a search ends without
+            sufficient decrease (optax's option; a search that succeeds
+            prints nothing). Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByBacktrackingLinesearchState(
@@ -289,7 +310,7 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
     options = dict(max_backtracking_steps=max_backtracking_steps, slope_rtol=slope_rtol,
                    decrease_factor=decrease_factor, increase_factor=increase_factor,
                    max_learning_rate=max_learning_rate, atol=atol, rtol=rtol, store_grad=store_grad,
-                   objective=objective)
+                   objective=objective, verbose=verbose)
     return stateful(_init_backtracking, _apply_backtracking, name="scale_by_backtracking_linesearch", options=options,
                     domains=_BACKTRACKING_DOMAINS, needs_params=True, static=("max_backtracking_steps",),
                     schedulable=("slope_rtol", "decrease_factor", "increase_factor", "max_learning_rate", "atol",
@@ -373,7 +394,7 @@ def _init_zoom(params):
 
 
 def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_rate, tol, increase_factor, slope_rtol,
-                curv_rtol, approx_dec_rtol, stepsize_precision, initial_guess_strategy, objective, **extra):
+                curv_rtol, approx_dec_rtol, stepsize_precision, initial_guess_strategy, objective, verbose, **extra):
     call = "scale_by_zoom_linesearch"
     at, moves, value0, grad0 = _line(call, updates, params, objective, extra)
     dtype = value0.dtype
@@ -470,6 +491,11 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
                     value_low=value0, slope_low=slope0, high=zero, value_high=value0, slope_high=slope0,
                     cubic_ref=zero, value_cubic_ref=value0, safe_step=zero, safe_value=value0, safe_grad=grad0)
     s = jax.lax.while_loop(lambda s: ~(s.done | s.failed), body, start)
+    if verbose:
+        _report(~s.done, "scale_by_zoom_linesearch: no step meeting both conditions after {tries} evaluations of "
+                "the objective: value at the params {value}, slope along the update {slope}, step taken {step}, "
+                "decrease error {decrease}, curvature error {curvature}", tries=s.count, value=value0, slope=slope0, step=s.step,
+                decrease=s.decrease_error, curvature=s.curvature_error)
     return _scaled(updates, s.step), ScaleByZoomLinesearchState(
         learning_rate=s.step, value=s.value, grad=s.grad, num_linesearch_steps=s.count,
         decrease_error=s.decrease_error, curvature_error=s.curvature_error)
@@ -479,8 +505,8 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
 def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float | None = None, tol: float = 0.0,
                              increase_factor: float = 2.0, slope_rtol: float = 1e-4, curv_rtol: float = 0.9,
                              approx_dec_rtol: float | None = 1e-6, stepsize_precision: float = 1e-5,
-                             initial_guess_strategy: str = "keep", objective: Callable[..., Any] | None = None
-                             ) -> Update:
+                             initial_guess_strategy: str = "keep", objective: Callable[..., Any] | None = None,
+                             verbose: bool = False) -> Update:
     r"""Scales updates by a step size meeting the strong Wolfe conditions, found by bracketing and zooming.
 
     Rule (Nocedal & Wright, Algorithms 3.5 and 3.6): with $f$ the objective,
@@ -538,6 +564,10 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
             directions such as L-BFGS's). Default: ``'keep'``.
         objective: the objective ``f(params)``, for ``update`` calls without
             ``value_fn``; None to take it from ``update``. Default: ``None``.
+        verbose: print, with ``jax.debug.print``, the value and slope at
+            the params, the step taken and both errors when a search ends
+            without a step meeting both conditions (optax's option; a search
+            that succeeds prints nothing). Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByZoomLinesearchState(learning_rate,
@@ -564,7 +594,7 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
     options = dict(max_linesearch_steps=max_linesearch_steps, max_learning_rate=max_learning_rate, tol=tol,
                    increase_factor=increase_factor, slope_rtol=slope_rtol, curv_rtol=curv_rtol,
                    approx_dec_rtol=approx_dec_rtol, stepsize_precision=stepsize_precision,
-                   initial_guess_strategy=initial_guess_strategy, objective=objective)
+                   initial_guess_strategy=initial_guess_strategy, objective=objective, verbose=verbose)
     return stateful(_init_zoom, _apply_zoom, name="scale_by_zoom_linesearch", options=options, domains=_ZOOM_DOMAINS,
                     needs_params=True, static=("max_linesearch_steps",),
                     schedulable=("max_learning_rate", "tol", "increase_factor", "slope_rtol", "curv_rtol",
