@@ -211,6 +211,12 @@ OUT_OF_SCOPE = ("losses/*", "tree_utils/_random_test.py", "tree_utils/_casting_t
                 "_src/numerics_test.py", "_src/linear_algebra_test.py", "_src/float64_test.py")
 
 
+#: optax's arguments whose None is a choice updax takes as None too, not "the default": a learning rate of None
+#: (taken from the state, or a line search's), and L-BFGS's ``linesearch=None``, no line search (updax's default
+#: is the zoom search).
+NONE_IS_AN_OPTION = ("learning_rate", "linesearch")
+
+
 class MissingOption(NotImplementedError):
     """optax's argument holds a value that updax's equivalent cannot take."""
 
@@ -283,7 +289,7 @@ def _adapter(public: str, optax_fn: Callable, spec: tuple) -> Callable:
                     continue
                 raise MissingOption(f"updax's {target[3:]} has no option for optax's {name}={value!r}")
             if value is None and accepted[uname].default not in (None, inspect.Parameter.empty) and \
-                    name != "learning_rate":  # optax's None for "none" (a weight decay): updax's default
+                    name not in NONE_IS_AN_OPTION:  # optax's None for "none" (a weight decay): updax's default
                 continue
             if isinstance(value, dict) and name == "transforms":
                 value = {k: _as_updax(v) if _is_transformation(v) else v for k, v in value.items()}

@@ -327,7 +327,7 @@ def _printed(capsys, opt, w, direction, jit):
 def _numbers(text):
     import re
 
-    return [float(x) for x in re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text.split(":", 1)[1])]
+    return [float(x) for x in re.findall(r"-?\d+\.?\d*(?:e-?\d+)?", text.splitlines()[0].split(":", 1)[1])]
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -346,11 +346,20 @@ def test_verbose_prints_a_failed_search_and_nothing_else(capsys, jit):
     np.testing.assert_allclose([step, error], [0.8**3, 14 * (1 + 2 * 0.8**3) ** 2 - 14 - 1e-4 * 0.8**3 * 56],
                                rtol=1e-6)
     np.testing.assert_allclose(error, state.decrease_error, rtol=1e-6)
+    assert out.splitlines()[1:] == ["  the update is not a descent direction: its slope is not below 0"], out
     out, state = _printed(capsys, ux.scale_by_zoom_linesearch(1, curv_rtol=0.0, verbose=True), w, -g, jit)
     assert out.startswith("scale_by_zoom_linesearch: no step meeting both conditions after 1 evaluations"), out
     tries, value, slope, step, decrease, curvature = _numbers(out)
     assert (tries, value, slope, step, curvature) == (1, 14.0, -56.0, 1.0, 56.0)
     np.testing.assert_allclose(decrease, 1e-4 * 56, rtol=1e-5)
+    assert len(out.splitlines()) == 1, out
+    # Capped at 0.01 along -∇f: the step lands on 0.98·w, slope ⟨1.96·w, -2·w⟩ = -54.88, curvature error
+    # 54.88 - 0.9·56 = 4.48 (sufficient decrease holds), and the hint to raise max_learning_rate.
+    out, state = _printed(capsys, ux.scale_by_zoom_linesearch(20, max_learning_rate=0.01, verbose=True), w, -g, jit)
+    tries, value, slope, step, decrease, curvature = _numbers(out)
+    assert (tries, value, slope, decrease) == (1, 14.0, -56.0, 0.0)
+    np.testing.assert_allclose([step, curvature], [0.01, 54.88 - 0.9 * 56], rtol=1e-5)
+    assert out.splitlines()[1].startswith("  the step reached max_learning_rate (0.0099999"), out
     for quiet, direction in [(ux.scale_by_backtracking_linesearch(15, verbose=True), -g),
                              (ux.scale_by_zoom_linesearch(20, verbose=True), -g),
                              (ux.scale_by_backtracking_linesearch(3), g),

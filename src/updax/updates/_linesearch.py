@@ -14,6 +14,7 @@ next step need not compute them again: :func:`value_and_grad_from_state`.
 from __future__ import annotations
 
 import functools
+import string
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
@@ -66,14 +67,21 @@ _ZOOM_DOMAINS = dict(
     stepsize_precision=NON_NEGATIVE, initial_guess_strategy=OneOf(("keep", "one")), verbose=Flag(late=True))
 
 
-def _report(failed: Any, message: str, **values: Any) -> None:
-    """``verbose``: prints ``message`` with ``values`` (``jax.debug.print``'s format) where ``failed``, the step's
-    own test (under ``jax.jit`` in a ``lax.cond``, so a step that succeeds prints nothing)."""
-    if is_concrete(failed):
-        if bool(failed):
-            jax.debug.print(message, **values)
-    else:
-        jax.lax.cond(failed, lambda: jax.debug.print(message, **values), lambda: None)
+def _report(cases: list[tuple[Any, str]], **values: Any) -> None:
+    """``verbose``: prints the message of the first of ``cases`` (a condition, the step's own test, and a message in
+    ``jax.debug.print``'s format of ``values``) whose condition holds, and nothing if none does; under ``jax.jit``
+    through a ``lax.switch``, one print at most per step."""
+    def say(message: str) -> None:
+        named = {name for _, name, _, _ in string.Formatter().parse(message) if name}
+        jax.debug.print(message, **{name: values[name] for name in named})
+
+    if all(is_concrete(condition) for condition, _ in cases):
+        message = next((message for condition, message in cases if bool(condition)), None)
+        if message is not None:
+            say(message)
+        return
+    index = jnp.select([jnp.asarray(condition) for condition, _ in cases], list(range(1, len(cases) + 1)), 0)
+    jax.lax.switch(index, [lambda: None] + [functools.partial(say, message) for _, message in cases])
 
 
 # --------------------------------------------------------------------------
@@ -215,12 +223,13 @@ def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope
     step, new_value, new_grad, error, n = jax.lax.while_loop(searching, body, start)
     failed = jnp.isinf(error)  # every value tried was NaN or infinite: no step, and the value and gradient at w
     if verbose:
-        _report(~(error <= atol) & ~failed, "scale_by_backtracking_linesearch: no step with sufficient decrease in "
-                "{tries} tries: value at the params {value}, slope along the update {slope}, step taken {step}, "
-                "decrease error {error}", tries=n, value=value, slope=slope, step=step, error=error)
-        _report(failed, "scale_by_backtracking_linesearch: every value tried in {tries} tries was NaN or infinite: "
-                "a step of 0 (value at the params {value}, slope along the update {slope})", tries=n, value=value,
-                slope=slope)
+        said = ("scale_by_backtracking_linesearch: no step with sufficient decrease in {tries} tries: value at the "
+                "params {value}, slope along the update {slope}, step taken {step}, decrease error {error}")
+        unmet = ~(error <= atol) & ~failed
+        _report([(failed, "scale_by_backtracking_linesearch: every value tried in {tries} tries was NaN or infinite: "
+                          "a step of 0 (value at the params {value}, slope along the update {slope})"),
+                 (unmet & (slope >= 0), said + "\n  the update is not a descent direction: its slope is not below 0"),
+                 (unmet, said)], tries=n, value=value, slope=slope, step=step, error=error)
     step = jnp.where(failed, 0.0, step).astype(dtype)
     new_value = jnp.where(failed, value, new_value)
     if store_grad:
@@ -280,8 +289,9 @@ def scale_by_backtracking_linesearch(max_backtracking_steps: int, slope_rtol: fl
             ``value_fn``; None to take it from ``update``. Default: ``None``.
         verbose: print, with ``jax.debug.print``, the value and slope at
             the params, the step and its error when a search ends without
-            sufficient decrease (optax's option; a search that succeeds
-            prints nothing). Default: ``False``.
+            sufficient decrease, and whether the update was not a descent
+            direction (optax's option; a search that succeeds prints
+            nothing). Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByBacktrackingLinesearchState(
@@ -492,10 +502,21 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
                     cubic_ref=zero, value_cubic_ref=value0, safe_step=zero, safe_value=value0, safe_grad=grad0)
     s = jax.lax.while_loop(lambda s: ~(s.done | s.failed), body, start)
     if verbose:
-        _report(~s.done, "scale_by_zoom_linesearch: no step meeting both conditions after {tries} evaluations of "
-                "the objective: value at the params {value}, slope along the update {slope}, step taken {step}, "
-                "decrease error {decrease}, curvature error {curvature}", tries=s.count, value=value0, slope=slope0, step=s.step,
-                decrease=s.decrease_error, curvature=s.curvature_error)
+        unmet = jnp.maximum(s.decrease_error, s.curvature_error) > tol
+        said = ("scale_by_zoom_linesearch: no step meeting both conditions after {tries} evaluations of the "
+                "objective: value at the params {value}, slope along the update {slope}, step taken {step}, decrease "
+                "error {decrease}, curvature error {curvature}")
+        capped = [] if max_learning_rate is None else [
+            (unmet & ~s.bracketed & (s.step >= max_learning_rate),
+             said + "\n  the step reached max_learning_rate ({cap}) with no interval meeting the curvature condition "
+                    "below it: a larger max_learning_rate may find one")]
+        _report([(unmet & (slope0 >= 0), said + "\n  the update is not a descent direction: its slope is not below 0"),
+                 *capped,
+                 (unmet & s.bracketed & (jnp.abs(s.high - s.low) <= stepsize_precision),
+                  said + "\n  the searched interval is narrower than stepsize_precision ({precision})"),
+                 (unmet, said)],
+                tries=s.count, value=value0, slope=slope0, step=s.step, decrease=s.decrease_error,
+                curvature=s.curvature_error, cap=max_learning_rate, precision=stepsize_precision)
     return _scaled(updates, s.step), ScaleByZoomLinesearchState(
         learning_rate=s.step, value=s.value, grad=s.grad, num_linesearch_steps=s.count,
         decrease_error=s.decrease_error, curvature_error=s.curvature_error)
@@ -566,8 +587,11 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, max_learning_rate: float
             ``value_fn``; None to take it from ``update``. Default: ``None``.
         verbose: print, with ``jax.debug.print``, the value and slope at
             the params, the step taken and both errors when a search ends
-            without a step meeting both conditions (optax's option; a search
-            that succeeds prints nothing). Default: ``False``.
+            without a step meeting both conditions, and the reason where it
+            is one of three (not a descent direction; ``max_learning_rate``
+            reached before an interval met the curvature condition; the
+            interval narrower than ``stepsize_precision``). optax's option;
+            a search that succeeds prints nothing. Default: ``False``.
 
     Returns:
         An update object with state ``ScaleByZoomLinesearchState(learning_rate,
