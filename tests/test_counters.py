@@ -1,4 +1,4 @@
-"""Step counters at the int32 limit: every counter saturates or stays in its range, and stays correct.
+"""Step counters at their limit: every counter saturates or stays in its range, and stays correct.
 
 The registry-driven test finds every int32 scalar of every entry's state by
 walking the state, starts each one at ``INT32_MAX - 2`` (a counter bounded
@@ -8,6 +8,14 @@ times each counter counts, so the expected end values follow without listing
 them by hand. The specific tests check what depends on a counter past the
 limit against references written here (numpy means, running means, closed
 forms) and the schedules' closed forms in tests/test_schedules.py.
+
+Under ``JAX_ENABLE_X64`` the counters are int64 and count past 2**31 - 1:
+:func:`x64_counter_checks` (in a subprocess, as x64 must be set before JAX
+starts) finds an int64 counter and no int32 one in every entry's state, runs
+entries that cover every way a counter steps (saturating, cyclic, bounded,
+reset, a scheduled option's own count) from just below 2**31 and from just
+below 2**63, and checks integer options and schedules past 2**31 - 1
+against closed forms.
 """
 
 from __future__ import annotations
@@ -23,9 +31,13 @@ from test_schedules import CASES as SCHEDULE_CASES
 
 import updax as ux
 import updax.schedules as uxs
+from conftest import finish, start_float64
 
 INT32_MAX = int(jnp.iinfo(jnp.int32).max)
-START = INT32_MAX - 2
+#: The step counters' dtype and its maximum: int32, or int64 in the x64 subprocess.
+COUNT_DTYPE = jax.dtypes.canonicalize_dtype(jnp.int64)
+TOP = int(jnp.iinfo(COUNT_DTYPE).max)
+START = TOP - 2
 STEPS = 5
 LOSS = 1.0
 
@@ -57,8 +69,8 @@ BOUNDED = {
     ("LossScaleState", "counter"): ("loss_scale", lambda s: s.option("period") - 1),  # finite steps since a change
     # (the conditional wrappers' step decides which calls run the pipeline inside: started at the limit in both
     # runs, it stays there, saturated, and both runs run the same calls)
-    ("ConditionallyMaskState", "step"): ("conditionally_mask", lambda s: INT32_MAX),
-    ("ConditionallyTransformState", "step"): ("conditionally_transform", lambda s: INT32_MAX),
+    ("ConditionallyMaskState", "step"): ("conditionally_mask", lambda s: TOP),
+    ("ConditionallyTransformState", "step"): ("conditionally_transform", lambda s: TOP),
     # (evaluations in the last line search: a diagnostic overwritten each call, bounded by its option)
     ("ScaleByBacktrackingLinesearchState", "num_linesearch_steps"): (
         "scale_by_backtracking_linesearch", lambda s: s.option("max_backtracking_steps") + 1),
@@ -78,7 +90,7 @@ def strict_promotion():
 
 
 def _is_counter(leaf):
-    return isinstance(leaf, jax.Array) and leaf.dtype == jnp.int32 and leaf.ndim == 0
+    return isinstance(leaf, jax.Array) and leaf.dtype == COUNT_DTYPE and leaf.ndim == 0
 
 
 def _child(node, key):
@@ -113,18 +125,18 @@ def _stage(opt, label):
 
 def _expected(opt, owner, unbounded):
     """Where a counter that would reach ``unbounded`` ends: saturated, or cycling through its last period."""
-    if unbounded <= INT32_MAX:
+    if unbounded <= TOP:
         return unbounded
     if owner in CYCLIC:
         label, option = CYCLIC[owner]
         period = _stage(opt, label).option(option)
-        low = INT32_MAX - period + 1
+        low = TOP - period + 1
         return low + (unbounded - low) % period
-    return INT32_MAX
+    return TOP
 
 
 def _counters(opt, state):
-    """``{path: (owner, limit or None)}`` for every int32 scalar of ``state``."""
+    """``{path: (owner, limit or None)}`` for every counter (a scalar of the counters' dtype) of ``state``."""
     found = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         if _is_counter(leaf):
@@ -142,7 +154,7 @@ def _set_counters(state, counters, unbounded_start):
         if not _is_counter(leaf):
             return leaf
         _, limit = counters[jax.tree_util.keystr(path)]
-        return jnp.asarray(unbounded_start if limit is None else limit, jnp.int32)
+        return jnp.asarray(unbounded_start if limit is None else limit, COUNT_DTYPE)
 
     return jax.tree_util.tree_map_with_path(fill, state)
 
@@ -153,8 +165,10 @@ def _counter_values(state):
 
 
 @functools.cache
-def _counter_run(name):
-    """Runs entry ``name`` from its counters at 0 and at the limit (one jitted step function for both)."""
+def _counter_run(name, starts=(START,)):
+    """Runs entry ``name`` from its counters at 0 and at each of ``starts`` (one jitted step function for all):
+    the entry, its counters, their values after the run from 0, and the updates and the final state of each
+    run from ``starts``."""
     opt = BUILDERS[name]()
     state = opt.init(PARAMS)
     counters = _counters(opt, state)
@@ -168,8 +182,10 @@ def _counter_run(name):
         return outs, s
 
     fresh = _counter_values(run(0)[1])
-    outs, final = run(START)
-    return opt, counters, fresh, outs, final
+    runs = [run(start) for start in starts]
+    if starts == (START,):
+        return (opt, counters, fresh, *runs[0])
+    return opt, counters, fresh, runs
 
 
 def _floats(tree):
@@ -203,7 +219,7 @@ def test_the_counter_test_sees_the_counters():
             field = ".".join(map(str, owner))
             if limit is not None:
                 bounded.add((name, field))
-            elif START + fresh[path] >= INT32_MAX and ended[path] == INT32_MAX:
+            elif START + fresh[path] >= TOP and ended[path] == TOP:
                 saturated.add((name, field))
     known = {
         ("scale_by_adam", "ScaleByAdamState.count"), ("scale_by_radam", "ScaleByAdamState.count"),
@@ -391,3 +407,103 @@ def test_every_schedule_at_the_int32_maximum(name):
 def test_the_schedule_cases_cover_every_schedule():
     built = {type(build()).__name__ for build, _, _ in SCHEDULE_CASES.values()}
     assert built == set(uxs.__all__) - {"Schedule"}
+
+
+# --------------------------------------------------------------------------
+# Under x64 the counters are int64 and count past 2**31 - 1
+
+#: Entries that cover every way a counter steps: saturating (adam, the conditional wrappers' step), cyclic (sma,
+#: swa, sophia), bounded (accumulate_gradients' mini_step, lookahead, reduce_on_plateau), reset
+#: (apply_if_finite's consecutive errors, loss_scale's counter), a scheduled option's own count.
+X64_NAMES = ("scale_by_adam", "sma", "swa", "scale_by_sophia", "accumulate_gradients", "lookahead",
+             "reduce_on_plateau", "apply_if_finite", "loss_scale", "conditionally_mask", "scheduled_adam")
+#: Where the counters start in the x64 runs: just below the int32 maximum, and just below the int64 one.
+X64_STARTS = (INT32_MAX - 2, TOP - 2)
+
+
+def x64_counter_checks():
+    """Runs under ``JAX_ENABLE_X64=1`` (:func:`test_counters_count_past_2_31_under_x64` starts it); raises on the
+    first check that fails."""
+    assert jax.config.jax_enable_x64 and COUNT_DTYPE == jnp.int64
+    params = jax.ShapeDtypeStruct((2, 3), jnp.float32)
+    for name, build in sorted({**BUILDERS, **{f"optimizers.{n}": getattr(ux.optimizers, n)
+                                              for n in ("adamw", "lion", "muon")}}.items()):
+        leaves = jax.tree_util.tree_flatten_with_path(jax.eval_shape(build().init, {"w": params}))[0]
+        narrow = [jax.tree_util.keystr(p) for p, x in leaves if x.ndim == 0 and x.dtype == jnp.int32]
+        assert not narrow, f"{name}: int32 counters under x64 at {narrow}"
+    for name in X64_NAMES:
+        opt, counters, fresh, runs = _counter_run(name, X64_STARTS)
+        assert counters, f"{name}: no int64 counter"
+        for start, (outs, final) in zip(X64_STARTS, runs):
+            for x in _floats((outs, final)):
+                assert bool(jnp.all(jnp.isfinite(x))), f"{name}: a non-finite value from {start}"
+            ended = _counter_values(final)
+            for path, (owner, limit) in counters.items():
+                got, counted = ended[path], fresh[path]
+                if limit is not None:
+                    assert got == counted and 0 <= got <= limit, f"{name}{path}: {got}, bound {limit}"
+                elif counted == 0:
+                    assert got in (0, start), f"{name}{path}: {got}"
+                elif start == INT32_MAX - 2:  # past the int32 maximum: counted on, neither saturated nor wrapped
+                    # (a count of every step exactly; swa's snapshots, which count the steps its count picks,
+                    # at most that)
+                    want = start + counted
+                    assert got == want if counted == STEPS else INT32_MAX < got <= start + STEPS, \
+                        f"{name}{path}: {got}, want {want}"
+                else:
+                    want = _expected(opt, owner, start + counted)
+                    assert got == want, f"{name}{path}: {got}, want {want} (at the int64 maximum)"
+
+    # Integer options and schedules past 2**31 - 1: optax's giant-steps cosine decay and its closed form
+    cosine = uxs.cosine_decay(1000.0, decay_steps=10**10, alpha=0.0)
+    np.testing.assert_allclose(jax.jit(cosine)(10**9), 975.52826, rtol=1e-6)
+    for t in (3 * 10**9, 2**31):
+        np.testing.assert_allclose(cosine(t), 500.0 * (1.0 + np.cos(np.pi * t / 1e10)), rtol=1e-6)
+    opt = ux.scale_by_adam(b1=uxs.linear_decay(0.9, warmup=0, steps=2**32))  # 0.9 down to 0 at 2**32
+    state = opt.init({"w": jnp.zeros(2)})
+    state = (state[0]._replace(count=jnp.asarray(2**31, jnp.int64)),)
+    _, state = jax.jit(opt.update)({"w": jnp.ones(2)}, state)
+    np.testing.assert_allclose(opt.get_state(state, "scale_by_adam.b1"), 0.9 * (1 - 2**31 / 2**32), rtol=1e-6)
+    assert int(state[0].count) == 2**31 + 1
+    # swa from a start past 2**31 - 1 is swa from a small start, shifted: the same snapshots and averages
+    shifted, small = ux.scale(-1.0).swa(start=2**31 + 1, period=2), ux.scale(-1.0).swa(start=2, period=2)
+    params = {"w": jnp.zeros(1)}
+    a = shifted.init(params)
+    a, b = (a[0], a[1]._replace(count=jnp.asarray(2**31 - 1, jnp.int64))), small.init(params)
+    for g in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+        ua, a = jax.jit(shifted.update)({"w": jnp.full(1, g)}, a, params)
+        ub, b = jax.jit(small.update)({"w": jnp.full(1, g)}, b, params)
+        np.testing.assert_array_equal(ua["w"], ub["w"])
+        np.testing.assert_array_equal(a[1].average["w"], b[1].average["w"])
+    assert int(a[1].count) == 2**31 - 1 + 6 and int(a[1].snapshots) == int(b[1].snapshots) > 0
+    for make, text in ((lambda: uxs.cosine_decay(1.0, decay_steps=2**63), "must be at most 2**63 - 1 (step "
+                                                                           "counters are int64)"),):
+        try:
+            make()
+        except ValueError as error:
+            assert text in str(error), str(error)
+        else:
+            raise AssertionError(f"no error: {text}")
+    print("x64 counter checks passed")
+
+
+@pytest.fixture(scope="module")
+def x64_run():
+    proc = start_float64("test_counters", "x64_counter_checks")
+    yield proc
+    finish(proc)
+
+
+def test_counters_count_past_2_31_under_x64(x64_run):
+    out, err = x64_run.communicate(timeout=900)
+    assert x64_run.returncode == 0, err[-4000:]
+    assert "x64 counter checks passed" in out
+
+
+def test_integer_options_and_counts_past_int32_are_refused_by_name_without_x64():
+    with pytest.raises(ValueError, match=r"^cosine_decay\(decay_steps=10000000000\): decay_steps must be at most "
+                                         r"2\*\*31 - 1 \(step counters are int32; int64 under jax_enable_x64\)$"):
+        uxs.cosine_decay(1000.0, decay_steps=10**10)
+    with pytest.raises(ValueError, match=r"^cosine_decay: the count must fit the step counters' dtype, got "
+                                         r"3000000000; must be at most 2\*\*31 - 1"):
+        uxs.cosine_decay(1000.0, decay_steps=10**3)(3 * 10**9)

@@ -38,7 +38,8 @@ REFUSED = [
      lambda: ux.accumulate_gradients(steps=0)),
     (TypeError, r"accumulate_gradients(steps=True): steps must be a positive integer",
      lambda: ux.accumulate_gradients(steps=True)),
-    (ValueError, r"accumulate_gradients(steps=2147483648): steps must be at most 2**31 - 1 (step counters are int32)",
+    (ValueError, r"accumulate_gradients(steps=2147483648): steps must be at most 2**31 - 1 (step counters are int32; "
+                 r"int64 under jax_enable_x64)",
      lambda: ux.accumulate_gradients(steps=2**31)),
     (TypeError, r"accumulate_gradients(should_skip=3): should_skip must be callable or None",
      lambda: ux.accumulate_gradients(steps=2, should_skip=3)),

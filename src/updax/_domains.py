@@ -35,11 +35,27 @@ from updax._options import canonical, format_value
 
 __all__ = ["ANY_REAL", "COUNT", "Count", "Domain", "Flag", "FlagField", "FloatDtype", "Function", "Integer",
            "LEARNING_RATE", "MomentField", "NON_NEGATIVE", "NonNegativeField", "OneOf", "POSITIVE", "Pipeline",
-           "Pipelines", "Quantizable", "Real", "Relation", "SecondMomentField", "UNIT", "Unchecked", "Valid", "fail",
-           "field_domain", "field_quantizable", "fits_dtype", "is_concrete", "message", "checking", "returned",
-           "scalar_input"]
+           "Pipelines", "Quantizable", "Real", "Relation", "SecondMomentField", "UNIT", "Unchecked", "Valid",
+           "count_dtype", "count_limit_text", "count_max", "fail", "field_domain", "field_quantizable",
+           "fits_dtype", "is_concrete", "message", "checking", "returned", "scalar_input"]
 
 INT32_MAX = 2**31 - 1
+
+
+def count_dtype() -> np.dtype:
+    """The step counters' dtype: int32, or int64 under ``jax_enable_x64`` (read when a state is built)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(jnp.int64))
+
+
+def count_max() -> int:
+    """The largest step count: 2**31 - 1, or 2**63 - 1 under ``jax_enable_x64``."""
+    return int(np.iinfo(count_dtype()).max)
+
+
+def count_limit_text() -> str:
+    if count_max() > INT32_MAX:
+        return "must be at most 2**63 - 1 (step counters are int64)"
+    return "must be at most 2**31 - 1 (step counters are int32; int64 under jax_enable_x64)"
 
 
 def message(call: str, name: str, value: Any, what: str, where: str = "") -> str:
@@ -236,7 +252,8 @@ LEARNING_RATE = Real(0.0, hint="the step's sign is the optimizer's: for gradient
 
 @dataclasses.dataclass(frozen=True)
 class Integer(Domain):
-    """A Python integer in ``[lo, hi]`` (``hi`` None: up to 2**31 - 1, since it meets int32 step counters);
+    """A Python integer in ``[lo, hi]`` (``hi`` None: up to the step counters' maximum, 2**31 - 1, or 2**63 - 1
+    under ``jax_enable_x64``, since it meets them in arithmetic);
     ``why`` says why the upper bound, e.g. that a loop is unrolled."""
 
     lo: int = 0
@@ -274,19 +291,19 @@ class Integer(Domain):
         whole = np.all(np.isfinite(x) & (x == np.round(x))) if np.issubdtype(x.dtype, np.floating) else True
         if not whole or (x.size and (np.min(x) < self.lo or (self.hi is not None and np.max(x) > self.hi))):
             fail(call, name, values, self.text, ValueError, where)
-        if x.size and np.max(x) > INT32_MAX:
-            fail(call, name, values, "must be at most 2**31 - 1 (step counters are int32)", ValueError, where)
+        if x.size and np.max(x) > count_max():
+            fail(call, name, values, count_limit_text(), ValueError, where)
 
     def holds(self, value: jax.Array) -> jax.Array:
         ok = value >= self.lo
         if jnp.issubdtype(value.dtype, jnp.floating):
             ok &= jnp.isfinite(value) & (value == jnp.round(value))
-        hi = INT32_MAX if self.hi is None else self.hi
+        hi = count_max() if self.hi is None else self.hi
         return jnp.all(ok & (value <= hi))
 
 
 COUNT = Integer(0)
-"""A step counter: an int32 that is never negative."""
+"""A step counter: an int32 (int64 under ``jax_enable_x64``) that is never negative."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,7 +485,7 @@ class Relation:
 # State fields declare what they hold with an annotation: ``count: Count``.
 
 Count = Annotated[jax.Array, COUNT]
-"""A state field that counts steps: int32, never negative (``count: Count``)."""
+"""A state field that counts steps: int32 (int64 under ``jax_enable_x64``), never negative (``count: Count``)."""
 NonNegativeField = Annotated[Any, NON_NEGATIVE]
 """A state field of values that are never negative (second moments, sums of squares)."""
 FlagField = Annotated[jax.Array, Flag()]

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from updax import _validate as check
+from updax._domains import count_limit_text, count_max
 from updax._options import format_value, key_of
 from updax._typing import ArrayLike, Scalar, ScheduleLike
 
@@ -143,6 +144,9 @@ def _counted(call):
             values = np.asarray(count)
             if values.dtype.kind in "biuf" and not np.all(np.isfinite(values) & (values >= 0)):
                 raise ValueError(f"{type(self).__name__}: the count must be a step count >= 0, got {count!r}")
+            if values.dtype.kind in "iu" and values.size and np.max(values) > count_max():
+                raise ValueError(f"{type(self).__name__}: the count must fit the step counters' dtype, got {count!r}; "
+                                 f"{count_limit_text()}")
         return call(self, count)
 
     return counted

@@ -33,7 +33,8 @@ import numpy as np
 
 from updax import _tree
 from updax._backend import _half, _variants
-from updax._domains import Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, is_concrete, message
+from updax._domains import (Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, count_dtype,
+                            is_concrete, message)
 from updax._options import Frozen, canonical, format_value, is_dynamic, is_number, key_of, keywords
 
 __all__ = ["Declaration", "EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates",
@@ -686,11 +687,11 @@ def _restore_stage(declaration, options, needs_params, held=frozenset(), checked
 
 def _held_value(value):
     """A held option as the state keeps it: an array of its own dtype (a Python float as the default float, an
-    int as int32), so that the state's structure and dtypes are fixed at init."""
+    int as a step count, int32 or int64 under x64), so that the state's structure and dtypes are fixed at init."""
     if isinstance(value, float):
         return jnp.asarray(value, jax.dtypes.canonicalize_dtype(jnp.float64))
     if isinstance(value, int):
-        return jnp.asarray(value, jnp.int32)
+        return jnp.asarray(value, count_dtype())
     return jnp.array(value, copy=True)
 
 

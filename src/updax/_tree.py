@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-_INT32_MAX = jnp.iinfo(jnp.int32).max
+from updax._domains import count_dtype
 
 
 def _paths(tree):
@@ -68,12 +68,13 @@ def tree_map_unzip(call: str, fn, n_out: int, tree, *rest, names=None):
 
 
 def safe_increment(count):
-    """``count + 1`` that saturates at the int32 maximum instead of wrapping."""
-    return jnp.where(count < _INT32_MAX, count + 1, _INT32_MAX).astype(count.dtype)
+    """``count + 1`` that saturates at its dtype's maximum (int32's, int64's under x64) instead of wrapping."""
+    top = jnp.iinfo(count.dtype).max
+    return jnp.where(count < top, count + 1, top).astype(count.dtype)
 
 
 def cyclic_increment(count, period):
-    """``count + 1`` that, at the int32 maximum, steps back ``period - 1`` instead of wrapping.
+    """``count + 1`` that, at its dtype's maximum, steps back ``period - 1`` instead of wrapping.
 
     Past the maximum the count cycles through its last ``period`` values, so
     ``count % period`` keeps advancing by one per step: a ring-buffer slot or
@@ -81,7 +82,7 @@ def cyclic_increment(count, period):
     is :func:`safe_increment`.
     """
     back = jnp.asarray(period, count.dtype) - 1
-    return jnp.where(count < _INT32_MAX, count + 1, count - back).astype(count.dtype)
+    return jnp.where(count < jnp.iinfo(count.dtype).max, count + 1, count - back).astype(count.dtype)
 
 
 def float_count(count):
@@ -261,7 +262,8 @@ def is_scalar(value) -> bool:
 
 
 def zero_count():
-    return jnp.zeros([], jnp.int32)
+    """A step counter at 0: int32, or int64 under ``jax_enable_x64`` (counting past 2**31 - 1)."""
+    return jnp.zeros([], count_dtype())
 
 
 # --------------------------------------------------------------------------

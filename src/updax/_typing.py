@@ -16,7 +16,8 @@ PyTree: TypeAlias = Any
 #: A real number or a 0-d array.
 Scalar: TypeAlias = ArrayLike
 
-#: A schedule ``count -> value``: a function of the step count (an int32 array), jittable.
+#: A schedule ``count -> value``: a function of the step count (an int32 array, int64 under ``jax_enable_x64``),
+#: jittable.
 ScheduleLike: TypeAlias = Callable[[jax.Array], ArrayLike]
 
 #: A hyperparameter that may be a schedule (the options a stage declares ``schedulable``).

@@ -11,8 +11,8 @@ import numpy as np
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, MomentField, Pipeline, Real, Valid, fail,
-                            is_concrete, returned)
+from updax._domains import (Count, Flag, FlagField, FloatDtype, Function, Integer, MomentField, Pipeline, Real, Valid,
+                            count_dtype, fail, is_concrete, returned)
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
 from updax._update import Update
@@ -118,12 +118,12 @@ _ACCUMULATE_DOMAINS = dict(inner=Pipeline(), mean=Flag(), should_skip=Function(o
 
 
 def _steps_at(steps, gradient_step):
-    """``k`` for this call, as int32: ``steps``, or what its function returns for ``gradient_step``. What it
-    returns is refused by name unless it is a positive integer: its shape and dtype while tracing (a traced
-    float too: whether it is whole is not known until it runs), its value where it is concrete (and under
-    :func:`updax.checked`)."""
+    """``k`` for this call, in the step counters' dtype: ``steps``, or what its function returns for
+    ``gradient_step``. What it returns is refused by name unless it is a positive integer: its shape and dtype
+    while tracing (a traced float too: whether it is whole is not known until it runs), its value where it is
+    concrete (and under :func:`updax.checked`)."""
     if not callable(steps):
-        return jnp.asarray(steps, jnp.int32)
+        return jnp.asarray(steps, count_dtype())
     call, name, where = "accumulate_gradients", "steps(...)", "the value it returned"
     k = steps(gradient_step)
     try:
@@ -138,7 +138,7 @@ def _steps_at(steps, gradient_step):
     if jnp.issubdtype(dtype, jnp.floating) and not is_concrete(k):
         fail(call, name, shown, f"{_STEPS.text}: return an integer dtype under jax.jit (a traced float is not "
              "known to be whole until it runs)", TypeError, where)
-    return jnp.asarray(returned(call, "steps", k, _STEPS, gradient_step), jnp.int32)
+    return jnp.asarray(returned(call, "steps", k, _STEPS, gradient_step), count_dtype())
 
 
 def _skip_record(should_skip, params):

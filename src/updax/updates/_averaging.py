@@ -306,7 +306,7 @@ def ema_params(decay: ScalarOrSchedule = 0.999, *, decay_min: bool = False, accu
 class SwaState(NamedTuple):
     """The applied steps, the snapshots taken, and their running mean.
 
-    At the int32 maximum ``count`` cycles through its last ``period`` values,
+    At its dtype's maximum ``count`` cycles through its last ``period`` values,
     so snapshots keep coming every ``period`` steps; ``snapshots`` saturates.
     """
 

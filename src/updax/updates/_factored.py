@@ -105,7 +105,7 @@ def _real(x):
 
 def _apply_scale_by_factored_rms(updates, state, params, *, factored, decay_rate, step_offset,
                                  min_dim_size_to_factor, epsilon):
-    t = (state.count - step_offset).astype(jnp.float32) + 1.0  # + 1 in float: the count may be the int32 maximum
+    t = (state.count - step_offset).astype(jnp.float32) + 1.0  # + 1 in float: the count may be its dtype's maximum
     decay = 1.0 - t ** (-decay_rate)
 
     def leaf(g, r0, c0, v0):

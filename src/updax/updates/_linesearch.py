@@ -219,7 +219,7 @@ def _apply_backtracking(updates, state, params, *, max_backtracking_steps, slope
     # After a failed search (step 0) start again from max_learning_rate: optax would try 0 forever.
     grown = jnp.minimum(increase_factor * state.learning_rate, max_learning_rate)
     first = jnp.where(state.learning_rate > 0, grown, max_learning_rate).astype(dtype)
-    start = (first, value, state.grad, jnp.full([], jnp.inf, dtype), jnp.zeros([], jnp.int32))
+    start = (first, value, state.grad, jnp.full([], jnp.inf, dtype), _tree.zero_count())
     step, new_value, new_grad, error, n = jax.lax.while_loop(searching, body, start)
     failed = jnp.isinf(error)  # every value tried was NaN or infinite: no step, and the value and gradient at w
     if verbose:
@@ -496,7 +496,7 @@ def _apply_zoom(updates, state, params, *, max_linesearch_steps, max_learning_ra
         return s._replace(count=s.count + 1)
 
     zero, inf, false = jnp.zeros([], dtype), jnp.full([], jnp.inf, dtype), jnp.asarray(False)
-    start = _Search(count=jnp.zeros([], jnp.int32), step=zero, value=value0, grad=grad0, slope=slope0,
+    start = _Search(count=_tree.zero_count(), step=zero, value=value0, grad=grad0, slope=slope0,
                     decrease_error=inf, curvature_error=inf, bracketed=false, done=false, failed=false, low=zero,
                     value_low=value0, slope_low=slope0, high=zero, value_high=value0, slope_high=slope0,
                     cubic_ref=zero, value_cubic_ref=value0, safe_step=zero, safe_value=value0, safe_grad=grad0)

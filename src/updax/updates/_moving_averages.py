@@ -153,7 +153,7 @@ def ema(decay: ScalarOrSchedule, debias: bool = True, *, init: PyTree = 0.0, dec
 class SmaState(NamedTuple):
     """The observation count and the last ``window`` observations (a ring buffer on a leading axis).
 
-    At the int32 maximum ``count`` cycles through its last ``window`` values,
+    At its dtype's maximum ``count`` cycles through its last ``window`` values,
     so the slot it points to in the ring buffer keeps advancing.
     """
 

@@ -139,7 +139,8 @@ def if_finite(updates, state, params, inner, max_consecutive_errors, extra, rech
     out = jax.tree.map(lambda u: jnp.where(apply, u, _tree.zeros_like(u)), out)
     inner_state = jax.tree.map(lambda new, old: jax.lax.select(apply, new, old), inner_state, state.inner)
     total = jnp.where(finite, state.total_notfinite, _tree.safe_increment(state.total_notfinite))
-    return out, ApplyIfFiniteState(inner=inner_state, notfinite_count=notfinite_count.astype(jnp.int32),
+    notfinite_count = notfinite_count.astype(state.notfinite_count.dtype)
+    return out, ApplyIfFiniteState(inner=inner_state, notfinite_count=notfinite_count,
                                    last_finite=finite, total_notfinite=total)
 
 
@@ -227,7 +228,7 @@ def _apply_loss_scale(updates, state, params, *, inner, dynamic, period, factor,
     grown = scale * factor
     grow = (state.counter == period - 1) & jnp.isfinite(grown)
     new_scale = jnp.where(finite, jnp.where(grow, grown, scale), jnp.maximum(min_loss_scale, scale / factor))
-    counter = jnp.where(finite, (state.counter + 1) % period, 0).astype(jnp.int32)
+    counter = jnp.where(finite, (state.counter + 1) % period, 0).astype(state.counter.dtype)
     return out, LossScaleState(inner=inner_state, scale=new_scale.astype(jnp.float32), counter=counter)
 
 

@@ -349,7 +349,7 @@ def _apply_reduce_on_plateau(updates, state, params, *, factor, patience, rtol, 
     cooldown_count = jnp.where(cooling, state.cooldown_count - 1, jnp.where(hit, cooldown, 0))
 
     new = ReduceOnPlateauState(scale=scale.astype(jnp.float32), best_loss=best, plateau_count=plateau,
-                               cooldown_count=cooldown_count.astype(jnp.int32), count=jnp.zeros_like(count),
+                               cooldown_count=cooldown_count.astype(state.cooldown_count.dtype), count=jnp.zeros_like(count),
                                avg_loss=jnp.zeros_like(avg))
     waiting = state._replace(count=count, avg_loss=avg)
     new = jax.tree.map(lambda a, b: jnp.where(evaluate, a, b), new, waiting)
