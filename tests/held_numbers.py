@@ -12,7 +12,8 @@ registry options changed, has its numbers written when it was
 Shampoo, SOAP, Sophia and NorMuon at issue 41's first part; PSGD Kron, Shampoo again (its entry gained
 ``block_size``), and issue 43's first entries (the optax transforms, ``loss_scale``, MADGRAD, LaProp, AcProp and
 the optax spellings) after it, `quantized_state` (issue 42), and GaLore, MoMo, MoMo-Adam and
-``scale_by_multiplicative_lr`` (issue 43's second part).
+``scale_by_multiplicative_lr`` (issue 43's second part), and GaLore with a base pipeline (issue 43, its
+``base_optimizer``).
 """
 
 from __future__ import annotations

@@ -131,6 +131,10 @@ ENTRIES = {
     # batches of matrices, each with its own projector, and the rank is clipped on the smaller ones)
     "scale_by_galore": lambda: ux.scale_by_galore(rank=2, update_proj_gap=2, scale=0.5, b1=0.9, b2=0.999, eps=1e-8,
                                                   eps_root=0.0, weight_dimension_numbers=_stacked_matrices),
+    # (a base pipeline of two stages in Adam's place: its state nested in GaLore's, on the projected shapes)
+    "scale_by_galore_with_base": lambda: ux.scale_by_galore(
+        rank=2, update_proj_gap=2, scale=0.5, weight_dimension_numbers=_stacked_matrices,
+        base_optimizer=ux.scale_by_rms(decay=0.9, eps=1e-8).trace(decay=0.8)),
     "scale_by_newton_schulz": lambda: ux.scale_by_newton_schulz(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5,
                                                                 eps=1e-8, weight_dimension_numbers=_stacked_matrices),
     "scale_by_muon": lambda: ux.scale_by_muon(ns_coeffs=(3.4445, -4.7750, 2.0315), ns_steps=5, beta=0.95, eps=1e-8,

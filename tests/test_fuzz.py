@@ -543,6 +543,12 @@ def _sam_adversaries(params):
     return st.sampled_from([None, ux.scale(2.0), ux.scale_by_adam()])
 
 
+@_structural("*", "base_optimizer", "None or a pipeline in GaLore's Adam's place: none, a stateful one and two "
+                                     "stages")
+def _galore_bases(params):
+    return st.sampled_from([None, ux.scale_by_lion(), ux.scale_by_rms(decay=0.9).trace(decay=0.5)])
+
+
 @_structural("snapshot", "measure", "'a jittable function of the updates', or None: a copy or their global norm")
 def _snapshot_measures(params):
     return st.sampled_from([None, ux.global_norm])
@@ -677,8 +683,22 @@ def _schedule_only_without(target: str, option: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _set_only_without(target: str, option: str) -> str | None:
+    """The option whose docs say "set only without ``other``" (GaLore's Adam options beside its base_optimizer):
+    drawn at its default while ``other`` is drawn set."""
+    match = re.search(r"set only\s+without\s+``(\w+)``", args_section(_catalogue_fn(target)).get(option, ""))
+    return match.group(1) if match else None
+
+
 def _option_strategy(target: str, parameter: inspect.Parameter, params: Any, schedulable: bool):
     """The strategy of one option given the others drawn before it (a dict), or None if it has none."""
+    own, other = _own_strategy(target, parameter, params, schedulable), _set_only_without(target, parameter.name)
+    if own is None or other is None:
+        return own
+    return lambda drawn: st.just(parameter.default) if drawn[other] is not None else own(drawn)
+
+
+def _own_strategy(target: str, parameter: inspect.Parameter, params: Any, schedulable: bool):
     structural = _structural_for(target, parameter.name)
     if structural is not None:
         return lambda drawn: structural[0](params)
@@ -749,7 +769,8 @@ def options_strategy(name: str, params: Any) -> st.SearchStrategy[dict]:
     strategies = [(p.name, _option_strategy(name, p, params, p.name in tgt.schedulable and p.name not in floors))
                   for p in _parameters(name)]
     # Options others depend on are drawn first.
-    first = floors | {_schedule_only_without(name, p.name) for p in _parameters(name)}
+    first = floors | {_schedule_only_without(name, p.name) for p in _parameters(name)} | {
+        _set_only_without(name, p.name) for p in _parameters(name)}
     strategies.sort(key=lambda item: item[0] not in first)
 
     @st.composite

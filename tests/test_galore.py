@@ -1,6 +1,7 @@
 """GaLore (Zhao et al. 2024): parity with optax.contrib's ``scale_by_galore`` and ``galore`` over 24 jitted steps
 on a nested tree (matrices with the projector on either side, a 3-axis leaf made a matrix by dimension numbers,
-vectors, a scalar, None) across three projector refreshes; the projector's refresh schedule and orthonormality;
+vectors, a scalar, None) across three projector refreshes, with the built-in Adam and with a ``base_optimizer``;
+the projector's refresh schedule and orthonormality;
 a batch of matrices equal to its matrices one by one; zero, rank-deficient and failed-SVD gradients giving no
 NaN; state dtypes for bfloat16 params; errors naming the option.
 """
@@ -92,6 +93,73 @@ def test_scale_by_galore_matches_optax_over_24_steps_and_three_refreshes(scale, 
     assert shapes == {"enc": {"w": (3, 4), "b": (4,)}, "dec": [(3, 3), ((2, 2), None)], "attn": (4, 3),
                       "scalar": (), "nothing": None}
     assert jax.tree.map(jnp.shape, s2.base_optimizer_state.mu) == _without_none(shapes)
+
+
+@pytest.mark.parametrize("ours_base, theirs_base", [
+    (lambda: ux.scale_by_lion(b1=0.9, b2=0.99), lambda: optax.scale_by_lion(b1=0.9, b2=0.99)),
+    (lambda: ux.scale_by_rms(decay=0.9, eps=1e-8).trace(decay=0.8),
+     lambda: optax.chain(optax.scale_by_rms(decay=0.9, eps=1e-8), optax.trace(decay=0.8))),
+], ids=["lion", "rms-trace"])
+def test_a_base_optimizer_matches_optax_over_24_steps_and_three_refreshes(ours_base, theirs_base):
+    """optax's base_optimizer: the pipeline runs on the projected matrices and the other leaves, its state on the
+    projected shapes, read by path."""
+    ours = ux.scale_by_galore(rank=RANK, update_proj_gap=GAP, scale=0.25, weight_dimension_numbers=_dims(D),
+                              base_optimizer=ours_base())
+    theirs = optax.contrib.scale_by_galore(rank=RANK, update_proj_gap=GAP, scale=0.25, base_optimizer=theirs_base(),
+                                           weight_dimension_numbers=_optax_dims)
+    u1, s1, _ = _run(ours, _tree(0))
+    u2, s2, _ = _run(theirs, _without_none(_tree(0)), apply=optax.apply_updates,
+                     grads=lambda t: _without_none(_tree(t)))
+    _assert_same(u1, u2)
+    label = ours.stages[0].option("base_optimizer").stages[0].label
+    field = "mu" if label == "scale_by_lion" else "nu"
+    moment = ours.get_state(s1, f"scale_by_galore/{label}.{field}")
+    assert jax.tree.map(jnp.shape, moment) == {"enc": {"w": (3, 4), "b": (4,)}, "dec": [(3, 3), ((2, 2), None)],
+                                               "attn": (4, 3), "scalar": (), "nothing": None}
+    theirs_state = s2.base_optimizer_state if label == "scale_by_lion" else s2.base_optimizer_state[0]
+    for x, y in zip(jax.tree.leaves(moment), jax.tree.leaves(getattr(theirs_state, field))):
+        np.testing.assert_allclose(x, y, **TOL)
+    assert type(s1[0]).__name__ == "ScaleByGaloreBaseState"
+
+
+def test_the_optimizer_with_a_base_optimizer_matches_optax_galore():
+    ours = ux.optimizers.galore(0.05, rank=RANK, update_proj_gap=GAP, decay=0.1, weight_dimension_numbers=_dims(D),
+                                base_optimizer=ux.scale_by_lion(b1=0.9, b2=0.99))
+    theirs = optax.contrib.galore(0.05, rank=RANK, update_proj_gap=GAP, weight_decay=0.1,
+                                  base_optimizer=optax.scale_by_lion(b1=0.9, b2=0.99),
+                                  weight_dimension_numbers=_optax_dims(None))
+    u1, _, p1 = _run(ours, _tree(0))
+    u2, _, p2 = _run(theirs, _without_none(_tree(0)), apply=optax.apply_updates,
+                     grads=lambda t: _without_none(_tree(t)))
+    _assert_same(u1, u2)
+    for x, y in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+        np.testing.assert_allclose(x, y, **TOL)
+
+
+def test_a_base_optimizer_gets_the_extra_arguments_and_the_built_in_adam_is_the_scale_by_adam_base():
+    """With ``scale_by_adam`` as its base GaLore is its built-in Adam; a base taking the loss gets it."""
+    builtin = ux.scale_by_galore(rank=RANK, update_proj_gap=GAP, weight_dimension_numbers=_dims(D))
+    based = ux.scale_by_galore(rank=RANK, update_proj_gap=GAP, weight_dimension_numbers=_dims(D),
+                               base_optimizer=ux.scale_by_adam())
+    _assert_same(_run(builtin, _tree(0))[0], _run(based, _tree(0))[0])
+    polyak = ux.scale_by_galore(rank=1, base_optimizer=ux.scale_by_polyak(max_learning_rate=10.0))
+    g = {"w": jnp.array([[2.0, 0.0], [0.0, 1.0], [0.0, 0.0]])}
+    u, _ = polyak.update(g, polyak.init(g), loss=jnp.float32(3.0))
+    # rank 1: the projected gradient is [2, 0] (the top singular direction); Polyak's step (f - 0)/|r|² r = 3/4 r
+    np.testing.assert_allclose(u["w"], [[1.5, 0.0], [0.0, 0.0], [0.0, 0.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("options, exc, message", [
+    (dict(base_optimizer=ux.scale_by_lion(), b1=0.5), ValueError,
+     "scale_by_galore(b1=0.5): b1 is the built-in Adam's: with base_optimizer, set it on the base"),
+    (dict(base_optimizer=ux.scale_by_lion(), mu_dtype=jnp.bfloat16), ValueError, "mu_dtype is the built-in Adam's"),
+    (dict(base_optimizer=ux.scale_by_adam().add_decayed_weights(0.1)), ValueError,
+     "base_optimizer must not need params (add_decayed_weights does): it runs on the projected gradients"),
+    (dict(base_optimizer=optax.scale_by_lion()), TypeError, "base_optimizer must be an update object or None"),
+])
+def test_a_bad_base_optimizer_is_refused_by_name(options, exc, message):
+    with pytest.raises(exc, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ux.scale_by_galore(**options)
 
 
 def test_default_dimension_numbers_are_the_2d_leaves_as_optax():

@@ -409,13 +409,27 @@ def _is_update(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Pipeline(Domain):
-    """An update object: the pipeline a wrapper runs (its ``wraps`` option)."""
+    """An update object: the pipeline a wrapper runs (its ``wraps`` option), or one a stage runs inside it on
+    what it makes of the updates (GaLore's ``base_optimizer``: its state in the stage's state field of the
+    option's name). ``optional``: None is taken too (the stage's built-in rule). ``without_params``: the
+    pipeline runs on something other than the params' gradients, so a stage of it that needs params is
+    refused (``why`` says what it runs on)."""
 
-    text: str = "must be an update object"
+    optional: bool = False
+    without_params: bool = False
+    why: str = ""
+
+    @property
+    def text(self) -> str:  # type: ignore[override]
+        return "must be an update object or None" if self.optional else "must be an update object"
 
     def check(self, call: str, name: str, value: Any, *, schedulable: bool = False) -> Any:
-        if not _is_update(value):
+        if not (_is_update(value) or (self.optional and value is None)):
             fail(call, name, value, self.text, TypeError)
+        if self.without_params and value is not None:
+            needing = [stage.label for stage in value.stages if stage.needs_params]
+            if needing:
+                fail(call, name, value, f"must not need params ({', '.join(needing)} does){self.why}", ValueError)
         return value
 
 

@@ -33,8 +33,8 @@ import numpy as np
 
 from updax import _tree
 from updax._backend import _half, _variants
-from updax._domains import (Count, Domain, Integer, Pipelines, Real, Relation, Valid, checking, count_dtype,
-                            is_concrete, message)
+from updax._domains import (Count, Domain, Integer, Pipeline, Pipelines, Real, Relation, Valid, checking,
+                            count_dtype, is_concrete, message)
 from updax._options import Frozen, canonical, format_value, is_dynamic, is_number, key_of, keywords
 
 __all__ = ["Declaration", "EmptyState", "ScheduledState", "Stage", "check_stage_result", "check_updates",
@@ -403,12 +403,16 @@ class Stage:
     def nested(self) -> dict[Any, tuple[str, Any]]:
         """The pipelines this stage runs inside it, by key, each with the state field holding their states:
         ``{None: (wraps, pipeline)}`` for a wrapper, ``{label: (field, pipeline)}`` for the groups of an option
-        declared :class:`~updax._domains.Pipelines` (``partition``'s, whose state is a dict by label)."""
+        declared :class:`~updax._domains.Pipelines` (``partition``'s, whose state is a dict by label), and
+        ``{None: (key, pipeline)}`` for an option ``key`` declared :class:`~updax._domains.Pipeline` that is not
+        the wrapped one (GaLore's ``base_optimizer``, its state in the field ``key``), where it is set."""
         if self.wraps is not None:
             return {None: (self.wraps, self.option(self.wraps))}
         for key, domain in self.declaration.domains:
             if isinstance(domain, Pipelines):
                 return {label: (domain.field, pipeline) for label, pipeline in self.option(key).items()}
+            if isinstance(domain, Pipeline) and self.option(key) is not None:
+                return {None: (key, self.option(key))}
         return {}
 
     def _with_option(self, key: str, value: Any) -> Stage:

@@ -434,8 +434,9 @@ class Update:
         *,
         mu_dtype: DType = None,
         weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+        base_optimizer: Update | None = None,
     ) -> Update:
-        """Scales updates by GaLore: Adam on each matrix gradient projected onto a low-rank subspace. See
+        """Scales updates by GaLore: Adam, or a base pipeline, on low-rank projections of matrix gradients. See
         :func:`updax.scale_by_galore`."""
     def scale_by_laprop(
         self,

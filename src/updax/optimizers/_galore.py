@@ -16,12 +16,12 @@ def galore(learning_rate: ScalarOrSchedule = 1e-3, rank: int = 128, update_proj_
            eps: ScalarOrSchedule = 1e-8, eps_root: ScalarOrSchedule = 0.0, decay: ScalarOrSchedule = 0.0, *,
            mu_dtype: DType = None, weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
            mask: PyTree | Callable[[PyTree], PyTree] | None = None, cautious_decay: bool = False,
-           maximize: bool = False) -> Update:
+           base_optimizer: Update | None = None, maximize: bool = False) -> Update:
     """GaLore: Adam on each matrix gradient's projection onto its top singular vectors.
 
     Pipeline: ``scale_by_galore(...) |> add_decayed_weights(decay) |> scale_by_learning_rate(learning_rate)``,
-    optax.contrib.galore's with its default ``scale_by_adam`` inside (``decay`` is its ``weight_decay``, applied
-    in the full parameter space). Leaves that are not matrices take AdamW. The defaults are optax's; the paper
+    optax.contrib.galore's (``decay`` is its ``weight_decay``, applied in the full parameter space; Adam is
+    built in, and ``base_optimizer`` puts another pipeline in its place). Leaves that are not matrices take AdamW. The defaults are optax's; the paper
     pre-trains LLaMA with ``learning_rate=0.01, scale=0.25`` and ranks of a quarter to a half of the width.
 
     Args:
@@ -29,12 +29,14 @@ def galore(learning_rate: ScalarOrSchedule = 1e-3, rank: int = 128, update_proj_
         rank: the rank of each matrix's projection, an integer >= 1. Default: ``128``.
         update_proj_gap: the steps between refreshes of the projectors, an integer >= 1. Default: ``200``.
         scale: the factor of the matrices' projected-back updates. Default: ``1.0``.
-        b1: first-moment decay. Default: ``0.9``.
-        b2: second-moment decay. Default: ``0.999``.
-        eps: added to the denominator. Default: ``1e-08``.
-        eps_root: added to the second moment inside the root. Default: ``0.0``.
+        b1: first-moment decay; set only without ``base_optimizer``. Default: ``0.9``.
+        b2: second-moment decay; set only without ``base_optimizer``. Default: ``0.999``.
+        eps: added to the denominator; set only without ``base_optimizer``. Default: ``1e-08``.
+        eps_root: added to the second moment inside the root; set only without ``base_optimizer``.
+            Default: ``0.0``.
         decay: decoupled weight-decay rate. Default: ``0.0``.
-        mu_dtype: storage dtype of the first moment; None: at least float32. Default: ``None``.
+        mu_dtype: storage dtype of the first moment; None: at least float32; set only without
+            ``base_optimizer``. Default: ``None``.
         weight_dimension_numbers: which leaves are matrices and which of
             their axes (see :func:`updax.scale_by_galore`); None makes every
             leaf with two axes a matrix. Default: ``None``.
@@ -44,6 +46,10 @@ def galore(learning_rate: ScalarOrSchedule = 1e-3, rank: int = 128, update_proj_
         cautious_decay: decay a coordinate only where the update and the
             param agree in sign (``add_decayed_weights(cautious=True)``);
             prints only when True. Default: ``False``.
+        base_optimizer: a pipeline in Adam's place on the projected
+            gradients, e.g. ``scale_by_lion()``, which must not need params
+            (see :func:`updax.scale_by_galore`); None: Adam, with ``b1``,
+            ``b2``, ``eps``, ``eps_root`` and ``mu_dtype``. Default: ``None``.
         maximize: ascend instead of descending (PyTorch's name): the
             gradients are negated first, ``scale(-1.0)`` in front of
             the pipeline. Default: ``False``.
@@ -62,7 +68,7 @@ def galore(learning_rate: ScalarOrSchedule = 1e-3, rank: int = 128, update_proj_
     """
     pipeline = (scale_by_galore(rank=rank, update_proj_gap=update_proj_gap, scale=scale, b1=b1, b2=b2, eps=eps,
                                 eps_root=eps_root, mu_dtype=mu_dtype,
-                                weight_dimension_numbers=weight_dimension_numbers)
+                                weight_dimension_numbers=weight_dimension_numbers, base_optimizer=base_optimizer)
                 .add_decayed_weights(decay=decay, mask=mask, cautious=cautious_decay)
                 .scale_by_learning_rate(learning_rate))
     return maximized(maximize, pipeline)

@@ -1,4 +1,5 @@
-"""GaLore: Adam run on each matrix gradient projected onto a low-rank subspace, refreshed every few steps.
+"""GaLore: Adam (or a base pipeline) run on each matrix gradient projected onto a low-rank subspace, refreshed
+every few steps.
 
 Which leaves are matrices, and which of their axes are rows, columns and batch, is ``weight_dimension_numbers``
 (see ``_muon_dims.py``), as for the Muon family.
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField
+from updax._domains import NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField, Pipeline, fail
 from updax._leafwise import per_leaf
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
@@ -39,10 +40,26 @@ class ScaleByGaloreState(NamedTuple):
     count: Count
 
 
+class ScaleByGaloreBaseState(NamedTuple):
+    """With a ``base_optimizer``: its state ``base_optimizer`` (made by its ``init`` on the projected shapes: a
+    matrix's ``(*batch, r, n)`` or ``(*batch, m, r)`` in at least float32, any other leaf as the param), the
+    projectors ``projector`` and the steps taken ``count``, as :class:`ScaleByGaloreState`'s."""
+
+    base_optimizer: Any
+    projector: Any
+    count: Count
+
+
+#: Adam's options, built in: with a base_optimizer they are its to set.
+_ADAM_DEFAULTS = dict(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None)
+
 #: What the options of scale_by_galore hold.
 _GALORE_DOMAINS = dict(rank=Integer(1), update_proj_gap=Integer(1), scale=NON_NEGATIVE, b1=UNIT, b2=UNIT,
                        eps=NON_NEGATIVE, eps_root=NON_NEGATIVE, mu_dtype=FloatDtype(),
-                       weight_dimension_numbers=DIMENSION_NUMBERS)
+                       weight_dimension_numbers=DIMENSION_NUMBERS,
+                       base_optimizer=Pipeline(optional=True, without_params=True,
+                                               why=": it runs on the projected gradients, which no params match; "
+                                                   "decay the weights after scale_by_galore, as galore's decay"))
 
 
 def _plan(p, axes, rank):
@@ -52,11 +69,11 @@ def _plan(p, axes, rank):
     return tuple(p.shape[a] for a in axes[0]), m, n, min(rank, m, n), m >= n
 
 
-def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=None):
+def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=None, base_optimizer=None):
     call = "scale_by_galore"
     leaves, treedef = jax.tree.flatten(params)
     axes = leaf_axes(call, weight_dimension_numbers, params, params)
-    mus, nus, projectors = [], [], []
+    mus, nus, projectors, proxies = [], [], [], []
     for p, a in zip(leaves, axes):
         p = p if isinstance(p, jax.Array) else jnp.asarray(p)
         dtype = _tree.compute_dtype(p.dtype)
@@ -64,6 +81,7 @@ def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=No
             mus.append(_tree.accumulator_like(p, mu_dtype))
             nus.append(_tree.accumulator_like(p, None))
             projectors.append(_tree.full((1,), 0.0, dtype, p, dims=(None,)))
+            proxies.append(p)
             continue
         batch, m, n, r, left = _plan(p, a, rank)
         low, side = batch + ((r, n) if left else (m, r)), batch + ((m if left else n), r)
@@ -74,6 +92,10 @@ def _init_scale_by_galore(params, *, rank, mu_dtype, weight_dimension_numbers=No
         mus.append(zeros(low, mu_dtype if mu_dtype is not None else dtype))
         nus.append(zeros(low, dtype))
         projectors.append(zeros(side, dtype))
+        proxies.append(zeros(low, dtype))
+    if base_optimizer is not None:
+        return ScaleByGaloreBaseState(base_optimizer=base_optimizer.init(treedef.unflatten(proxies)),
+                                      projector=treedef.unflatten(projectors), count=_tree.zero_count())
     return ScaleByGaloreState(mu=treedef.unflatten(mus), nu=treedef.unflatten(nus),
                               projector=treedef.unflatten(projectors), count=_tree.zero_count())
 
@@ -107,10 +129,42 @@ def _projector(x, r, left):
     return jnp.where(solved | ~finite, q, jnp.eye(side, r, dtype=q.dtype))
 
 
+def _matrices(leaves, projectors, axes, count, update_proj_gap, dtypes):
+    """The matrices of ``leaves`` (by index), in at least float32 (and ``dtypes(i)``, the state's), and their
+    projectors: refreshed from their SVDs on the first step and every update_proj_gap-th after it (steps 1,
+    1 + gap, 1 + 2 gap, ...), in one conditional for the whole tree."""
+    matrices = {}
+    for i, (g, q, a) in enumerate(zip(leaves, projectors, axes)):
+        if a is not None:
+            matrices[i] = as_matrices(g.astype(_tree.compute_dtype(g.dtype, q.dtype, *dtypes(i))), a)
+    old = {i: _gathered(projectors[i]).astype(x.dtype) for i, x in matrices.items()}  # (whole, for the products)
+
+    def refreshed(xs, qs):
+        return {i: _projector(x, qs[i].shape[-1], x.shape[-2] >= x.shape[-1]) for i, x in xs.items()}
+
+    if not matrices:
+        return matrices, {}
+    return matrices, jax.lax.cond(count % update_proj_gap == 0, refreshed, lambda xs, qs: qs, matrices, old)
+
+
+def _down(x, p):
+    """The projected gradient of the matrices ``x`` by their projectors ``p`` (on the left where ``x`` has at
+    least as many rows as columns)."""
+    return jnp.swapaxes(p, -1, -2) @ x if x.shape[-2] >= x.shape[-1] else x @ p
+
+
+def _up(n, p, x):
+    """``n`` (a step in the projected coordinates of the matrices ``x``) back in ``x``'s."""
+    return p @ n if x.shape[-2] >= x.shape[-1] else n @ jnp.swapaxes(p, -1, -2)
+
+
 def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, scale, b1, b2, eps, eps_root,
-                           weight_dimension_numbers=None):
+                           weight_dimension_numbers=None, base_optimizer=None, **extra):
     call = "scale_by_galore"
     real_only(call, updates)
+    if base_optimizer is not None:
+        return _apply_with_base(updates, state, params, update_proj_gap, scale, weight_dimension_numbers,
+                                base_optimizer, extra)
     for field in ("mu", "nu", "projector"):
         _tree.check_same_structure(call, updates, getattr(state, field), "updates", f"state.{field}")
     leaves, treedef = jax.tree.flatten(updates)
@@ -119,23 +173,8 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
     axes = leaf_axes(call, weight_dimension_numbers, updates, params)
     count = _tree.safe_increment(state.count)
     c1, c2 = bias_corrections(count, b1, b2)
-
-    # The matrices, in at least float32, and their projectors: refreshed from their SVDs on the first step and
-    # every update_proj_gap-th after it (steps 1, 1 + gap, 1 + 2 gap, ...), in one conditional for the whole tree.
-    matrices = {}
-    for i, (g, m, v, q, a) in enumerate(zip(leaves, mus, nus, projectors, axes)):
-        if a is not None:
-            c = _tree.compute_dtype(g.dtype, m.dtype, v.dtype, q.dtype)
-            matrices[i] = as_matrices(g.astype(c), a)
-    old = {i: _gathered(projectors[i]).astype(x.dtype) for i, x in matrices.items()}  # (whole, for the products)
-
-    def refreshed(xs, qs):
-        return {i: _projector(x, qs[i].shape[-1], x.shape[-2] >= x.shape[-1]) for i, x in xs.items()}
-
-    if matrices:
-        new = jax.lax.cond(state.count % update_proj_gap == 0, refreshed, lambda xs, qs: qs, matrices, old)
-    else:
-        new = {}
+    matrices, new = _matrices(leaves, projectors, axes, state.count, update_proj_gap,
+                              lambda i: (mus[i].dtype, nus[i].dtype))
 
     def adam(g, m, v):  # the leaves that are not matrices, one at a time, in at least float32
         m = b1 * m + (1 - b1) * g
@@ -157,13 +196,11 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
             new_projectors.append(q)
             continue
         x, p = matrices[i], new[i]
-        left = x.shape[-2] >= x.shape[-1]
-        low = jnp.swapaxes(p, -1, -2) @ x if left else x @ p  # the projected gradient
+        low = _down(x, p)
         mc = b1 * m.astype(x.dtype) + (1 - b1) * low
         vc = b2 * v.astype(x.dtype) + (1 - b2) * jnp.square(low)
         n = adam_direction(mc / c1, vc, c2, eps, eps_root)
-        back = p @ n if left else n @ jnp.swapaxes(p, -1, -2)
-        us.append(_like(from_matrices(scale * back, g, a).astype(g.dtype), g))
+        us.append(_like(from_matrices(scale * _up(n, p, x), g, a).astype(g.dtype), g))
         new_mu.append(_kept(mc.astype(m.dtype), m, g))
         new_nu.append(_kept(vc.astype(v.dtype), v, g))
         new_projectors.append(_kept(p.astype(q.dtype), q, g))
@@ -172,12 +209,56 @@ def _apply_scale_by_galore(updates, state, params, *, rank, update_proj_gap, sca
         count=count)
 
 
+def _placed(new, old, treedef, leaves, matrices):
+    """The base's new state placed as ``init`` placed it: each of its trees shaped like the updates (a moment)
+    leaf by leaf, a matrix's entry replicated over its mesh and any other split like the update where shaped like
+    it; its other leaves (counts) as they are."""
+    if jax.tree.structure(new) == treedef:
+        news, olds = treedef.flatten_up_to(new), treedef.flatten_up_to(old)
+        return treedef.unflatten([_kept_like(n, o) if i in matrices else _kept(n, o, g)
+                                  for i, (n, o, g) in enumerate(zip(news, olds, leaves))])
+    if isinstance(new, tuple) and hasattr(new, "_fields"):
+        return type(new)(*(_placed(n, o, treedef, leaves, matrices) for n, o in zip(new, old)))
+    if isinstance(new, (tuple, list)):
+        return type(new)(_placed(n, o, treedef, leaves, matrices) for n, o in zip(new, old))
+    if isinstance(new, dict):
+        return {k: _placed(v, old[k], treedef, leaves, matrices) for k, v in new.items()}
+    return new
+
+
+def _apply_with_base(updates, state, params, update_proj_gap, scale, weight_dimension_numbers, base, extra):
+    """The step with a base pipeline: it runs on the projected matrices and the other leaves as they are, its
+    steps of the matrices projected back and scaled."""
+    call = "scale_by_galore"
+    _tree.check_same_structure(call, updates, state.projector, "updates", "state.projector")
+    leaves, treedef = jax.tree.flatten(updates)
+    projectors = treedef.flatten_up_to(state.projector)
+    axes = leaf_axes(call, weight_dimension_numbers, updates, params)
+    matrices, new = _matrices(leaves, projectors, axes, state.count, update_proj_gap, lambda i: ())
+    low = [_down(matrices[i], new[i]) if i in matrices else g for i, g in enumerate(leaves)]
+    steps, base_state = base.update(treedef.unflatten(low), state.base_optimizer, None, **extra)
+    base_state = _placed(base_state, state.base_optimizer, treedef, leaves, matrices)
+    us, new_projectors = [], []
+    for i, (g, n, q, a) in enumerate(zip(leaves, treedef.flatten_up_to(steps), projectors, axes)):
+        if a is None:
+            us.append(n)
+            new_projectors.append(q)
+            continue
+        x, p = matrices[i], new[i]
+        us.append(_like(from_matrices(scale * _up(n.astype(x.dtype), p, x), g, a).astype(g.dtype), g))
+        new_projectors.append(_kept(p.astype(q.dtype), q, g))
+    return treedef.unflatten(us), ScaleByGaloreBaseState(
+        base_optimizer=base_state, projector=treedef.unflatten(new_projectors),
+        count=_tree.safe_increment(state.count))
+
+
 @combinator
 def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOrSchedule = 1.0,
                     b1: ScalarOrSchedule = 0.9, b2: ScalarOrSchedule = 0.999, eps: ScalarOrSchedule = 1e-8,
                     eps_root: ScalarOrSchedule = 0.0, *, mu_dtype: DType = None,
-                    weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
-    r"""Scales updates by GaLore: Adam on each matrix gradient projected onto a low-rank subspace.
+                    weight_dimension_numbers: PyTree | Callable[[PyTree], PyTree] | None = None,
+                    base_optimizer: Update | None = None) -> Update:
+    r"""Scales updates by GaLore: Adam, or a base pipeline, on low-rank projections of matrix gradients.
 
     Update rule, for a matrix gradient $G$ of shape $m \times n$ at step $t$ (counting from 1), with
     $r = \min(\text{rank}, m, n)$, $T$ = ``update_proj_gap``, $\alpha$ = ``scale``, $b_1$ = ``b1``,
@@ -213,6 +294,15 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
     the solver returns a non-finite vector for a finite matrix (a failed convergence), the projector is the
     identity's first $r$ columns. Differentiating through the step takes the projector as a constant.
 
+    With ``base_optimizer`` (optax's option) that pipeline takes Adam's place: it runs on the tree of the
+    projected matrices $R$ (in at least float32) and the other leaves as they are, with no params, and its
+    step $N$ of each matrix is projected back, $u = \alpha P N$ (or $\alpha N P^\top$); its steps of the
+    other leaves are the updates as it returns them. Its state, made by its ``init`` on the projected shapes,
+    is the field ``base_optimizer`` (read it by path: ``"scale_by_galore/scale_by_lion.mu"``). It must not
+    need params (``add_decayed_weights``, a trust ratio): decay the weights after this stage, as
+    :func:`updax.optimizers.galore`'s ``decay`` does. Adam's options are then the base's to set: giving
+    ``b1``, ``b2``, ``eps``, ``eps_root`` or ``mu_dtype`` too is refused by name.
+
     Args:
         rank: the rank $r$ of the projection, an integer >= 1; a matrix
             whose smaller side is shorter uses that side. Static.
@@ -222,23 +312,31 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
             Default: ``200``.
         scale: the factor $\alpha$ of the projected-back update of the
             matrices, >= 0 (the paper takes 0.25). Default: ``1.0``.
-        b1: decay of the first moment, in [0, 1). Default: ``0.9``.
-        b2: decay of the second moment, in [0, 1). Default: ``0.999``.
-        eps: added to the denominator, >= 0. Default: ``1e-08``.
-        eps_root: added to the second moment inside the root, >= 0.
-            Default: ``0.0``.
+        b1: decay of the first moment, in [0, 1); Adam's, so set only
+            without ``base_optimizer``. Default: ``0.9``.
+        b2: decay of the second moment, in [0, 1); set only without
+            ``base_optimizer``. Default: ``0.999``.
+        eps: added to the denominator, >= 0; set only without
+            ``base_optimizer``. Default: ``1e-08``.
+        eps_root: added to the second moment inside the root, >= 0; set
+            only without ``base_optimizer``. Default: ``0.0``.
         mu_dtype: storage dtype of ``mu``; None keeps the params' dtype but
             at least float32 (``nu`` and the projectors are at least
-            float32). Default: ``None``.
+            float32); set only without ``base_optimizer``. Default: ``None``.
         weight_dimension_numbers: which leaves are matrices and which of
             their axes, as in :func:`scale_by_newton_schulz`: a pytree of
             :class:`MuonDimensionNumbers` or None (not a matrix) shaped like
             the updates or a prefix of them, or a function of the params
             returning one; None makes every leaf with two axes an
             ``(in, out)`` matrix. Default: ``None``.
+        base_optimizer: an update object that takes Adam's place on the
+            projected gradients (optax's ``base_optimizer``), e.g.
+            ``scale_by_lion()``; it must not need params. None: the built-in
+            Adam. Default: ``None``.
 
     Returns:
-        An update object with state ``ScaleByGaloreState(mu, nu, projector, count)``.
+        An update object with state ``ScaleByGaloreState(mu, nu, projector, count)``, or
+        ``ScaleByGaloreBaseState(base_optimizer, projector, count)`` with a ``base_optimizer``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -261,7 +359,14 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
         Low-Rank Projection", ICML 2024. https://arxiv.org/abs/2403.03507
     """
     options = dict(rank=rank, update_proj_gap=update_proj_gap, scale=scale, b1=b1, b2=b2, eps=eps,
-                   eps_root=eps_root, mu_dtype=mu_dtype, weight_dimension_numbers=weight_dimension_numbers)
+                   eps_root=eps_root, mu_dtype=mu_dtype, weight_dimension_numbers=weight_dimension_numbers,
+                   base_optimizer=base_optimizer)
+    if base_optimizer is not None:
+        for name, default in _ADAM_DEFAULTS.items():
+            value = options[name]
+            if value is not default and not (isinstance(value, (int, float)) and value == default):
+                fail("scale_by_galore", name, value, "is the built-in Adam's: with base_optimizer, set it on the "
+                     "base", ValueError)
     # The rank shapes the state and the refresh period is a step of the program: structure, not data.
     return stateful(_init_scale_by_galore, _apply_scale_by_galore, name="scale_by_galore", options=options,
                     domains=_GALORE_DOMAINS, static=("rank", "update_proj_gap", "weight_dimension_numbers"),
