@@ -4,6 +4,8 @@ estimate is exact; the estimator's expectation; the degenerate cases; and how th
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -332,10 +334,69 @@ def test_the_objective_is_refused_by_name_when_missing_doubled_or_not_a_scalar()
     (dict(clip_threshold=0.0), r"clip_threshold must be"),
     (dict(update_interval=0), r"update_interval must be a positive integer"),
     (dict(key=-1), r"key must be an int seed"),
+    (dict(print_win_rate_every_n_steps=-1), r"print_win_rate_every_n_steps must be a non-negative integer"),
+    (dict(print_win_rate_every_n_steps=2.5), r"print_win_rate_every_n_steps must be a non-negative integer"),
+    (dict(verbose=1), r"verbose must be True or False"),
 ])
 def test_bad_options_are_refused_by_name(options, message):
     with pytest.raises((ValueError, TypeError), match=message):
         ux.scale_by_sophia(**options)
+
+
+def _sophia(**options):
+    """b1 = b2 = 0 and a refresh every step: from step 2 the estimate is the exact diagonal a (Hutchinson's estimate
+    of a diagonal Hessian is exact), so the step is m / (γ a) = w / γ."""
+    return ux.scale_by_sophia(**{**dict(b1=0.0, b2=0.0, gamma=1.0, clip_threshold=1.0, update_interval=1,
+                                        verbose=True), **options})
+
+
+def _printed_rates(capsys, steps, jit, **options):
+    """What ``steps`` steps of :func:`_sophia` on the quadratic 0.5 Σ a w² at fixed params print; a traced
+    ``print_win_rate_every_n_steps`` (as optax's inject_hyperparams passes it) builds the stage inside the step."""
+    a, w = jnp.array([1.0, 2.0, 3.0, 4.0]), {"w": jnp.array([1.0, -2.0, 0.5, 3.0])}
+
+    def f(params):
+        return 0.5 * jnp.sum(a * params["w"] ** 2)
+
+    def step(g, state, every):
+        return _sophia(**{**options, "print_win_rate_every_n_steps": every}).update(g, state, w, value_fn=f)
+
+    every = options.pop("print_win_rate_every_n_steps", 0)
+    state = _sophia(**options).init(w)
+    for _ in range(steps):
+        g = jax.grad(f)(w)
+        if jit:
+            _, state = jax.jit(step, static_argnums=() if isinstance(every, jax.Array) else (2,))(g, state, every)
+        else:
+            _, state = step(g, state, every)
+    jax.effects_barrier()
+    return re.findall(r"scale_by_sophia: win rate ([\d.]+) at step (\d+)", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_verbose_prints_the_win_rate_every_n_steps(capsys, jit):
+    """With γ = 1 and ρ = 1 only w = 0.5 is inside the clip from step 2: a win rate of 1/4. Step 1 divides by eps
+    (nothing estimated yet): every coordinate is clipped, a rate of 0."""
+    assert _printed_rates(capsys, 5, jit, print_win_rate_every_n_steps=2) == [("0.25", "2"), ("0.25", "4")]
+    assert _printed_rates(capsys, 2, jit, print_win_rate_every_n_steps=1) == [("0.0", "1"), ("0.25", "2")]
+    assert _printed_rates(capsys, 2, jit, print_win_rate_every_n_steps=1, clip_threshold=None) == [
+        ("1.0", "1"), ("1.0", "2")]  # no clip: every coordinate wins
+    assert _printed_rates(capsys, 3, jit, print_win_rate_every_n_steps=1, verbose=False) == []
+    assert _printed_rates(capsys, 3, jit, print_win_rate_every_n_steps=0) == []
+
+
+def test_a_traced_win_rate_period_prints_on_its_multiples(capsys):
+    assert _printed_rates(capsys, 4, True, print_win_rate_every_n_steps=jnp.int32(3)) == [("0.25", "3")]
+    assert _printed_rates(capsys, 3, True, print_win_rate_every_n_steps=jnp.int32(0)) == []
+
+
+def test_the_win_rate_options_are_late():
+    """At their defaults the options print and compare as before they existed; the optimizer passes them on."""
+    assert repr(ux.scale_by_sophia()) == ("scale_by_sophia(b1=0.965, b2=0.99, eps=1e-08, gamma=0.01, "
+                                          "clip_threshold=1.0, update_interval=10, key=0)")
+    assert ux.scale_by_sophia(verbose=False, print_win_rate_every_n_steps=0) == ux.scale_by_sophia()
+    assert ux.optimizers.sophia(verbose=True, print_win_rate_every_n_steps=3).stages[0] == ux.scale_by_sophia(
+        verbose=True, print_win_rate_every_n_steps=3).stages[0]
 
 
 def test_the_optimizer_is_its_pipeline_and_takes_updax_names():

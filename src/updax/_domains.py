@@ -254,7 +254,8 @@ LEARNING_RATE = Real(0.0, hint="the step's sign is the optimizer's: for gradient
 class Integer(Domain):
     """A Python integer in ``[lo, hi]`` (``hi`` None: up to the step counters' maximum, 2**31 - 1, or 2**63 - 1
     under ``jax_enable_x64``, since it meets them in arithmetic);
-    ``why`` says why the upper bound, e.g. that a loop is unrolled."""
+    ``why`` says why the upper bound, e.g. that a loop is unrolled. ``late=True`` is an option added to a stage
+    after it shipped: stored as None at its default (``default``), as :class:`Flag`'s ``late``."""
 
     lo: int = 0
     hi: int | None = None
@@ -262,6 +263,8 @@ class Integer(Domain):
     #: whether a 0-d integer array is taken too (an offset a jitted function passes in): checked when concrete
     #: (and kept as a Python integer), kept as it is when traced
     arrays: bool = False
+    late: bool = False
+    default: int = 0
 
     @property
     def text(self) -> str:  # type: ignore[override]
@@ -271,6 +274,8 @@ class Integer(Domain):
             self.lo, f"must be an integer >= {self.lo}")
 
     def check(self, call: str, name: str, value: Any, *, schedulable: bool = False) -> Any:
+        if self.late and value is None:
+            return None
         if self.arrays and _is_array(value) and jnp.ndim(value) == 0 \
                 and jnp.issubdtype(jnp.result_type(value), jnp.integer):
             if not is_concrete(value):
@@ -282,7 +287,7 @@ class Integer(Domain):
             else:
                 fail(call, name, value, self.text, TypeError)
         self.check_values(call, name, np.asarray(value), "")
-        return int(value)
+        return None if self.late and int(value) == self.default else int(value)
 
     def check_values(self, call: str, name: str, values: Any, where: str) -> None:
         x = _numeric(values)

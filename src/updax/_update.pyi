@@ -748,6 +748,8 @@ class Update:
         *,
         mu_dtype: DType = None,
         hessian_dtype: DType = None,
+        verbose: bool = False,
+        print_win_rate_every_n_steps: int = 0,
     ) -> Update:
         """Scales updates by Sophia's clipped ratio of the momentum to an estimate of the Hessian's diagonal.
         See :func:`updax.scale_by_sophia`."""

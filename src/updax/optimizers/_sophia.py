@@ -18,7 +18,8 @@ def sophia(learning_rate: ScalarOrSchedule = 3e-4, b1: ScalarOrSchedule = 0.965,
            eps: ScalarOrSchedule = 1e-8, decay: ScalarOrSchedule = 1e-4, gamma: ScalarOrSchedule = 0.01,
            clip_threshold: ScalarOrSchedule | None = 1.0, update_interval: int = 10, *, key: int | jax.Array = 0,
            objective: Callable[..., Any] | None = None, mu_dtype: DType = None, hessian_dtype: DType = None,
-           mask: PyTree | Callable[[PyTree], PyTree] | None = None) -> Update:
+           mask: PyTree | Callable[[PyTree], PyTree] | None = None, verbose: bool = False,
+           print_win_rate_every_n_steps: int = 0) -> Update:
     """Sophia-H: the momentum over a running Hessian-diagonal estimate, clipped, with weight decay.
 
     Pipeline: ``scale_by_sophia(b1, b2, eps, gamma, clip_threshold,
@@ -57,6 +58,12 @@ def sophia(learning_rate: ScalarOrSchedule = 3e-4, b1: ScalarOrSchedule = 0.965,
         mask: which leaves decay: a pytree of bools shaped like the params (or
             a prefix of it), or a function of the params returning one; None
             decays every leaf (optax's ``weight_decay_mask``). Default: ``None``.
+        verbose: print the win rate, the fraction of coordinates not
+            clipped, every ``print_win_rate_every_n_steps`` steps (see
+            :func:`updax.scale_by_sophia`); prints only when True.
+            Default: ``False``.
+        print_win_rate_every_n_steps: the steps between prints, an integer
+            >= 0 (0: never); prints only when not 0. Default: ``0``.
 
     Returns:
         An update object; it needs params and the objective.
@@ -73,5 +80,6 @@ def sophia(learning_rate: ScalarOrSchedule = 3e-4, b1: ScalarOrSchedule = 0.965,
     """
     return (scale_by_sophia(b1=b1, b2=b2, eps=eps, gamma=gamma, clip_threshold=clip_threshold,
                             update_interval=update_interval, key=key, objective=objective, mu_dtype=mu_dtype,
-                            hessian_dtype=hessian_dtype)
+                            hessian_dtype=hessian_dtype, verbose=verbose,
+                            print_win_rate_every_n_steps=print_win_rate_every_n_steps)
             .add_decayed_weights(decay=decay, mask=mask).scale_by_learning_rate(learning_rate))

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, POSITIVE, UNIT, Count, FloatDtype, Function, Integer, Valid, is_concrete
+from updax._domains import (NON_NEGATIVE, POSITIVE, UNIT, Count, Flag, FloatDtype, Function, Integer, Valid,
+                            is_concrete)
 from updax._leafwise import per_leaf
 from updax._options import keywords
 from updax._primitives import stateful
@@ -83,8 +84,27 @@ def _init_scale_by_sophia(params, *, key, mu_dtype, hessian_dtype):
                               key=_key_data(key), count=_tree.zero_count())
 
 
+def _win_rate(ratios, clip_threshold, count, every):
+    """``verbose``: prints the fraction of the coordinates the clip left alone (the paper's "win rate") on the
+    steps ``count`` that are a multiple of ``every`` > 0; under ``jax.jit`` through a ``lax.cond``."""
+    leaves = jax.tree.leaves(ratios)
+    inside = sum(jnp.sum(jnp.abs(r) < (jnp.inf if clip_threshold is None else clip_threshold)) for r in leaves)
+    rate = inside / sum(r.size for r in leaves)
+
+    def say():
+        jax.debug.print("scale_by_sophia: win rate {rate} at step {count} (the fraction of coordinates not clipped; "
+                        "the paper keeps it in [0.1, 0.5]: raise gamma if it is lower)", rate=rate, count=count)
+
+    due = (every > 0) & (count % jnp.maximum(every, 1) == 0)
+    if is_concrete(due):
+        if bool(due):
+            say()
+    else:
+        jax.lax.cond(due, say, lambda: None)
+
+
 def _apply_scale_by_sophia(updates, state, params, *, b1, b2, eps, gamma, clip_threshold, update_interval,
-                           objective, **extra):
+                           objective, verbose=None, print_win_rate_every_n_steps=None, **extra):
     call = "scale_by_sophia"
     real_only(call, updates)
     count = _tree.cyclic_increment(state.count, update_interval)
@@ -107,6 +127,9 @@ def _apply_scale_by_sophia(updates, state, params, *, b1, b2, eps, gamma, clip_t
     # on, as optax's and the authors' training script do it.
     u, mu = per_leaf(call, rule, (updates, state.mu, state.hessian), ("updates", "state.mu", "state.hessian"),
                      n_out=2)
+    if verbose and print_win_rate_every_n_steps is not None:
+        # (coordinates below the threshold are the ones the clip left alone; at it, the clip decided them)
+        _win_rate(u, clip_threshold, count, print_win_rate_every_n_steps)
 
     def refreshed(hessian, raw_key):
         key, draw = jax.random.split(jax.random.wrap_key_data(raw_key))
@@ -131,7 +154,8 @@ _DOMAINS = dict(
     b1=UNIT, b2=UNIT, eps=NON_NEGATIVE, gamma=NON_NEGATIVE,
     clip_threshold=Valid(rule=_none_or_positive, text="must be None or in (0, inf)", values=POSITIVE),
     update_interval=Integer(1), key=_KEY, objective=Function(optional=True), mu_dtype=FloatDtype(),
-    hessian_dtype=FloatDtype())
+    hessian_dtype=FloatDtype(), verbose=Flag(late=True),
+    print_win_rate_every_n_steps=Integer(0, arrays=True, late=True))
 
 
 @combinator
@@ -139,7 +163,8 @@ def scale_by_sophia(b1: ScalarOrSchedule = 0.965, b2: ScalarOrSchedule = 0.99, e
                     gamma: ScalarOrSchedule = 0.01, clip_threshold: ScalarOrSchedule | None = 1.0,
                     update_interval: int = 10, key: int | jax.Array = 0,
                     objective: Callable[..., Any] | None = None, *, mu_dtype: DType = None,
-                    hessian_dtype: DType = None) -> Update:
+                    hessian_dtype: DType = None, verbose: bool = False,
+                    print_win_rate_every_n_steps: int = 0) -> Update:
     r"""Scales updates by Sophia's clipped ratio of the momentum to an estimate of the Hessian's diagonal.
 
     Rule (Sophia-H), for an update $g$ at step $t$ (counting from 1), with
@@ -197,6 +222,17 @@ def scale_by_sophia(b1: ScalarOrSchedule = 0.965, b2: ScalarOrSchedule = 0.99, e
             least float32. Default: ``None``.
         hessian_dtype: storage dtype of ``hessian``, as ``mu_dtype``.
             Default: ``None``.
+        verbose: print the win rate every
+            ``print_win_rate_every_n_steps`` steps, with ``jax.debug.print``
+            (optax's option); prints only when True. Default: ``False``.
+        print_win_rate_every_n_steps: with ``verbose``, the steps between
+            prints of the win rate, the fraction of the coordinates of $u$
+            below $\rho$ (the clip left them alone; 1 without a clip), an
+            integer >= 0 (0: never), which may be traced; the paper keeps
+            the rate in [0.1, 0.5] and raises $\gamma$ where it is lower.
+            Prints at steps $t$ that are multiples of it; past the counters'
+            maximum, where the count cycles, at some of those. Prints only
+            when not 0. Default: ``0``.
 
     Returns:
         An update object with state ``ScaleBySophiaState(mu, hessian, key,
@@ -225,6 +261,7 @@ def scale_by_sophia(b1: ScalarOrSchedule = 0.965, b2: ScalarOrSchedule = 0.99, e
     """
     options = dict(b1=b1, b2=b2, eps=eps, gamma=gamma, clip_threshold=clip_threshold,
                    update_interval=update_interval, key=key, objective=objective, mu_dtype=mu_dtype,
-                   hessian_dtype=hessian_dtype)
+                   hessian_dtype=hessian_dtype, verbose=verbose,
+                   print_win_rate_every_n_steps=print_win_rate_every_n_steps)
     return stateful(_init_scale_by_sophia, _apply_scale_by_sophia, name="scale_by_sophia", options=options,
                     domains=_DOMAINS, needs_params=True, schedulable=("b1", "b2", "eps", "gamma", "clip_threshold"))
