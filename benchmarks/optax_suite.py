@@ -211,10 +211,10 @@ OUT_OF_SCOPE = ("losses/*", "tree_utils/_random_test.py", "tree_utils/_casting_t
                 "_src/numerics_test.py", "_src/linear_algebra_test.py", "_src/float64_test.py")
 
 
-#: optax's arguments whose None is a choice updax takes as None too, not "the default": a learning rate of None
-#: (taken from the state, or a line search's), and L-BFGS's ``linesearch=None``, no line search (updax's default
-#: is the zoom search).
-NONE_IS_AN_OPTION = ("learning_rate", "linesearch")
+#: optax's arguments whose None is a choice updax takes as None too, not "the default": L-BFGS's
+#: ``linesearch=None``, no line search (updax's default is the zoom search). (A learning rate of None is optax's "no
+#: scaling", updax's default of 1.0 where updax's default is not None itself, as adadelta's.)
+NONE_IS_AN_OPTION = ("linesearch",)
 
 
 class MissingOption(NotImplementedError):

@@ -199,7 +199,12 @@ def test_every_real_option_is_schedulable_and_a_constant_schedule_changes_nothin
     schedule, _ = _run(with_schedules, 3, jnp.float32, jit=False)
     for a, b in zip(jax.tree.leaves(constant), jax.tree.leaves(schedule)):
         # A Python float's 1 - b is rounded once from double precision, a float32 schedule's in float32.
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=SCHEDULED_ATOL.get(name, 1e-6))
+
+
+#: Where that last bit travels further: Shampoo's inverse roots of its statistics (on an AMD EPYC, 6.6e-6 on a
+#: param of 0.19 after 3 steps).
+SCHEDULED_ATOL = {"scale_by_shampoo": 2e-5}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -62,8 +62,8 @@ def sophia(learning_rate: ScalarOrSchedule = 3e-4, b1: ScalarOrSchedule = 0.965,
             clipped, every ``print_win_rate_every_n_steps`` steps (see
             :func:`updax.scale_by_sophia`); prints only when True.
             Default: ``False``.
-        print_win_rate_every_n_steps: the steps between prints, an integer
-            >= 0 (0: never); prints only when not 0. Default: ``0``.
+        print_win_rate_every_n_steps: the steps between prints, an integer >= 0
+            (0: never); prints only when not 0. Default: ``0``.
 
     Returns:
         An update object; it needs params and the objective.
