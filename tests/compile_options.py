@@ -9,13 +9,13 @@ register, a sum in another order). ``tests/conftest.py`` makes it every test
 process's default, before JAX starts.
 
 The checks that hold XLA's default program compile with
-:data:`DEFAULT_COMPILE`, the options a user's program gets: the held numbers
-bit for bit (tests/test_held_numbers.py), the compiled program's copies and
-temporaries (tests/test_in_place.py, tests/test_fused.py), the parities whose
-tolerance the default program sets (Muon's and L-BFGS's, over many steps),
-and the device check's smoke run. The held numbers were written at XLA's
-default: that every jitted entry gives them bit for bit with these options is
-what shows they are the defaults. ``UPDAX_TEST_COMPILE=default pytest`` runs
+:data:`DEFAULT_COMPILE`, the options a user's program gets: the compiled
+program's copies and temporaries (tests/test_in_place.py, tests/test_fused.py),
+the parities whose tolerance the default program sets (Muon's and L-BFGS's,
+over many steps), and the device check's smoke run. The held numbers were
+written at XLA's default (``python tests/held_numbers.py``), and are checked
+at the cheapest compilation to float32 rounding (tests/test_held_numbers.py:
+another CPU rounds XLA's default program otherwise in the last bit too). ``UPDAX_TEST_COMPILE=default pytest`` runs
 the whole suite at XLA's default compilation.
 
 This module has no side effect, so that ``python tests/held_numbers.py``

@@ -38,9 +38,11 @@ STEPS = 4
 BUILDERS = {**ENTRIES, **{f"optimizers/{name}": build for name, build in CASES.items()}}
 
 
-def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
+def run(name: str, jit: bool, user_compile: bool = True) -> tuple[dict[str, np.ndarray], list[str]]:
     """The params and the state after ``STEPS`` steps applied to the registry's nested params, by path; and every
-    state leaf whose dtype or shape after a step differs from ``init``'s (``'step t path: before -> after'``)."""
+    state leaf whose dtype or shape after a step differs from ``init``'s (``'step t path: before -> after'``).
+    Jitted, ``user_compile`` compiles as a user's program is (as the numbers were written), else at the process's
+    compile options (the tests' cheapest)."""
     opt = BUILDERS[name]()
     params = nested_tree(seed=0)
     state = opt.init(params)
@@ -54,7 +56,8 @@ def run(name: str, jit: bool) -> tuple[dict[str, np.ndarray], list[str]]:
         updates, state = opt.update(grads, state, params, loss=1.0)
         return ux.apply_updates(params, updates), state
 
-    step = jax.jit(step, compiler_options=DEFAULT_COMPILE) if jit else step  # (as they were written)
+    if jit:
+        step = jax.jit(step, compiler_options=DEFAULT_COMPILE) if user_compile else jax.jit(step)
     drift = []
     for t in range(STEPS):
         params, state = step(opt, updates_for(opt, nested_tree(seed=t + 1)), state, params)

@@ -220,6 +220,23 @@ ENTRIES = {
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
 }
 
+def _more_than_a_chain(name: str) -> bool:
+    """Whether optimizer ``name``'s pipeline, at its defaults, holds more than a chain of catalogue stages at
+    options the registry's entries stand for: a stage running pipelines inside it (a wrapper, groups) or a
+    scheduled option (a state of its own, ``ScheduledState``)."""
+    return any(stage.nested() or stage.scheduled for stage in getattr(ux.optimizers, name)().stages)
+
+
+#: The optimizers the sweeps of per-stage properties run beside the registry's entries (the 8-device placements,
+#: tests/sharding_checks.py; the float64 dtypes, tests/test_state_dtypes.py; the numbers held in the state,
+#: tests/test_held.py). An optimizer is a chain of catalogue stages, which those sweeps run one by one; an
+#: optimizer whose pipeline holds more than a chain (muon's and normuon's groups, the schedule-free wrappers,
+#: adafactor's scheduled decay) is run whole, and so are those whose results other checks read by name (shampoo's
+#: derived state on the mesh) or that take an objective (lbfgs, sophia). Every optimizer is still run whole by
+#: the held numbers, the fuzz, the backends' programs and its parity with optax (tests/test_optimizers.py).
+SWEPT_OPTIMIZERS = tuple(sorted({name for name in ux.optimizers.__all__ if _more_than_a_chain(name)}
+                                | {"shampoo", "lbfgs", "sophia"}))
+
 #: Entries whose ``update`` needs ``params``.
 NEEDS_PARAMS = {"scale_by_prodigy", "scale_by_dadapt_adamw", "scale_by_dog", "scale_by_dowg", "scale_by_cocob",
                 "mechanize", "scale_by_trust_ratio", "lookahead", "sam", "add_decayed_weights", "scale_by_novograd", "schedule_free",

@@ -1,4 +1,5 @@
-"""Multi-device checks of every catalogue entry and optimizer, run by tests/test_sharding.py in a subprocess.
+"""Multi-device checks of every catalogue entry and of the optimizers that are more than a chain of its stages
+(tests/registry.py's ``SWEPT_OPTIMIZERS``), run by tests/test_sharding.py in a subprocess.
 
 JAX fixes its number of host devices when its backend starts, so these run in
 a fresh interpreter started with ``--xla_force_host_platform_device_count=8``;
@@ -34,7 +35,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import updax as ux
-from registry import ENTRIES, updates_for
+from registry import ENTRIES, SWEPT_OPTIMIZERS, updates_for
 
 #: Each param's partition spec: both mesh axes, one, none, and a None leaf; ``w2`` shares ``w``'s shape and
 #: spec (LAMB traces such leaves once, updax._backend._lamb).
@@ -71,7 +72,7 @@ def _place(tree, mesh):
 def targets():
     out = {name: build for name, build in ENTRIES.items()}
     out.update({f"optimizers.{name}": (lambda name=name: getattr(ux.optimizers, name)(0.1))
-                for name in ux.optimizers.__all__})
+                for name in SWEPT_OPTIMIZERS})
     # Its line search needs an objective. Not half_squared_norm: its Hessian is the identity, so L-BFGS's direction
     # is the gradient's times the learning rate, and with 0.1 a step of 1 is on the edge of the curvature test
     # (1 - 0.1 = curv_rtol), a decision the rounding of a sharded sum can flip.

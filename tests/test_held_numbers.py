@@ -2,22 +2,22 @@
 
 ``tests/data/held_numbers.npz`` holds the params and the state after four
 applied steps, eager and jitted, as the library computed them at e6117aa
-(``python tests/held_numbers.py`` wrote it). Jitted, on the machine that
-wrote them, every entry gives them bit for bit: the rules were rewritten in
-their readable form with the same operations in the same order, so XLA
-compiles the same program. On another CPU XLA's code for a square root or a
-division may round otherwise in the last bit (on an AMD EPYC, 15 entries'
-jitted numbers moved by up to 1.4e-6 on Shampoo's and SOAP's params, most
-by one or two units in the last place), so the jitted numbers are held to
-float32 rounding as the eager ones are. Eagerly, a
-leafwise rule now runs as one compiled program per kind of leaf (the one a
+(``python tests/held_numbers.py`` wrote it, compiling the jitted steps as a
+user's program is). Compiled so, on the machine that wrote them, every jitted
+entry gives them bit for bit: the rules were rewritten in their readable form
+with the same operations in the same order, so XLA compiles the same
+program. But on another CPU XLA's code for a square root or a division may
+round otherwise in the last bit (on an AMD EPYC, 15 entries' jitted numbers
+moved by up to 1.4e-6 on Shampoo's and SOAP's params, most by one or two
+units in the last place), so the numbers are held to float32 rounding, and
+the tests compile the jitted steps, as the eager ones, at the test
+processes' cheapest compilation (tests/compile_options.py: 55 s of CPU ->
+about 20 for the jitted sweep), which rounds otherwise in the last bit. Eagerly,
+a leafwise rule now runs as one compiled program per kind of leaf (the one a
 jitted step runs, :mod:`updax._leafwise`) where it ran operation by
 operation, and XLA's program rounds otherwise in places (a division by a
-scalar as a product by its reciprocal): eager numbers are held to float32
-rounding. The jitted steps compile as a user's program does; the eager ones
-at the test processes' cheapest compilation (tests/compile_options.py), which
-rounds otherwise in the last bit, and three rules carry that bit further
-(:data:`ATOL`).
+scalar as a product by its reciprocal). A few rules carry that last bit
+further (:data:`ATOL`).
 
 The same sweep checks that the state keeps ``init``'s dtypes and shapes after
 every step (a float32 field widened by a float64 computation breaks
@@ -70,10 +70,10 @@ def held():
 def test_the_numbers_are_the_ones_held(name, jit, held):
     prefix = key(name, jit) + "|"
     want = {k.removeprefix(prefix): v for k, v in held.items() if k.startswith(prefix)}
-    got, drift = run(name, jit)
+    got, drift = run(name, jit, user_compile=False)
     assert drift == []
     if not want:  # (an entry added since: its jitted and eager numbers agree, as the contract asks)
-        want = run(name, not jit)[0]
+        want = run(name, not jit, user_compile=False)[0]
         for path, value in got.items():
             np.testing.assert_allclose(value, want[path], rtol=1e-5, atol=ATOL.get(name, 1e-6), err_msg=path)
         return

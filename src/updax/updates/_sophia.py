@@ -229,7 +229,7 @@ def scale_by_sophia(b1: ScalarOrSchedule = 0.965, b2: ScalarOrSchedule = 0.99, e
             prints of the win rate, the fraction of the coordinates of $u$
             below $\rho$ (the clip left them alone; 1 without a clip), an
             integer >= 0 (0: never), which may be traced; the paper keeps
-            the rate in [0.1, 0.5] and raises $\gamma$ where it is lower.
+            the rate between 0.1 and 0.5 and raises $\gamma$ where it is lower.
             Prints at steps $t$ that are multiples of it; past the counters'
             maximum, where the count cycles, at some of those. Prints only
             when not 0. Default: ``0``.
