@@ -41,6 +41,14 @@ DEFAULT_COMPILE = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimizatio
 USER_XLA_FLAGS = os.environ.get("UPDAX_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 
 
+def host_devices(count: int = 8) -> str:
+    """``XLA_FLAGS`` for ``count`` host devices, with XLA's patience at a collective raised to 15 minutes: on two
+    busy cores the threads of 8 devices can reach an all-reduce far apart, and XLA aborted a subprocess of the
+    suite once when one came 40 s after the others ("Expected 8 threads to join the rendezvous, but only 7 of them
+    arrived on time", tests/quantized_sharding.py in a fresh-clone run)."""
+    return f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=900"
+
+
 def xla_flags(options: dict) -> str:
     """``options`` written as ``XLA_FLAGS``."""
     return " ".join(f"--{name}={str(value).lower()}" for name, value in options.items())

@@ -29,7 +29,7 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, settings
 
-from compile_options import FAST_COMPILE, USER_XLA_FLAGS, xla_flags
+from compile_options import FAST_COMPILE, USER_XLA_FLAGS, host_devices, xla_flags
 
 # XLA's cheapest compilation in every test process, set before JAX starts (the workers and the subprocesses the
 # tests start inherit it): tests/compile_options.py says which checks compile at the defaults instead.
@@ -141,7 +141,7 @@ def sharded_out(config) -> str:
 def start_sharded_checks(out: str) -> subprocess.Popen:
     here = os.path.dirname(os.path.abspath(__file__))
     # (XLA's cheapest compilation, FAST_COMPILE, always: they check values and placements; 141 s of CPU -> 68)
-    flags = f"{USER_XLA_FLAGS} --xla_force_host_platform_device_count=8 {xla_flags(FAST_COMPILE)}"
+    flags = f"{USER_XLA_FLAGS} {host_devices(8)} {xla_flags(FAST_COMPILE)}"
     env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     with open(out + ".err", "w") as err:
         return subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(here, "sharding_checks.py"), "--out", out],

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import optax.contrib
 import pytest
-from compile_options import DEFAULT_COMPILE
+from compile_options import DEFAULT_COMPILE, host_devices
 from registry import nested_tree
 
 import updax as ux
@@ -368,7 +368,7 @@ _SHARDED = textwrap.dedent("""
 
 def test_batches_of_matrices_on_explicit_and_auto_meshes():
     """Default Muon and Newton-Schulz, and the spectral (an SVD of each gathered matrix) and AOL modes."""
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {host_devices(8)}"
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", _SHARDED], check=False, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"})
     results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]

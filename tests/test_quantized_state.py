@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_options import host_devices
 
 import updax as ux
 from updax.domains import MomentField
@@ -505,7 +506,7 @@ def test_on_8_devices_no_block_straddles_a_shard_and_the_numbers_are_one_devices
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {host_devices(8)}",
            "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-W", "ignore", os.path.join(here, "quantized_sharding.py")], cwd=here,
                           env=env, capture_output=True, text=True, timeout=1800)
