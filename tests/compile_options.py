@@ -45,7 +45,8 @@ def host_devices(count: int = 8) -> str:
     """``XLA_FLAGS`` for ``count`` host devices, with XLA's patience at a collective raised to 15 minutes: on two
     busy cores the threads of 8 devices can reach an all-reduce far apart, and XLA aborted a subprocess of the
     suite once when one came 40 s after the others ("Expected 8 threads to join the rendezvous, but only 7 of them
-    arrived on time", tests/quantized_sharding.py in a fresh-clone run)."""
+    arrived on time", tests/quantized_sharding.py in a fresh-clone run). The flag is that timeout: set to 10 s,
+    an all-reduce that one device reaches 44 s late aborts with the same message after 10 s."""
     return f"--xla_force_host_platform_device_count={count} --xla_cpu_collective_call_terminate_timeout_seconds=900"
 
 
