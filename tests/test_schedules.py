@@ -121,14 +121,6 @@ def torch_swalr(t, init, swa, steps, strategy):
     return swa * alpha + init * (1 - alpha)
 
 
-def np_product_of_factors(t, init, factor):
-    """MultiplicativeLR: lr_t = lr_(t-1) · factor(t) from lr_0 = init."""
-    values = [init]
-    for step in range(1, len(t)):
-        values.append(values[-1] * factor(step))
-    return np.array(values)
-
-
 def _jnp_triangle(base, top, up, down):
     """The triangle wave written apart from torch's formula: up over [0, up), down over [up, up + down)."""
     def value(count):
