@@ -220,6 +220,7 @@ ENTRIES = {
         atol=0.0, rtol=0.0, store_grad=True, objective=half_squared_norm),
 }
 
+
 def _more_than_a_chain(name: str) -> bool:
     """Whether optimizer ``name``'s pipeline, at its defaults, holds more than a chain of catalogue stages at
     options the registry's entries stand for: a stage running pipelines inside it (a wrapper, groups) or a

@@ -26,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import finish, start_float64
 from registry import ENTRIES, updates_for
 from test_schedules import CASES as SCHEDULE_CASES
 
 import updax as ux
 import updax.schedules as uxs
-from conftest import finish, start_float64
 
 INT32_MAX = int(jnp.iinfo(jnp.int32).max)
 #: The step counters' dtype and its maximum: int32, or int64 in the x64 subprocess.
