@@ -1310,8 +1310,8 @@ def _leaf_keys(opt: ux.Update, path: str):
         if i == len(selectors):
             return keys + (jax.tree_util.GetAttrKey(option),)
         nested = stage.nested()
-        if None in nested:
-            keys += (jax.tree_util.GetAttrKey(stage.wraps),)
+        if None in nested:  # (the wrapped pipeline, or GaLore's base: the option named as its state field)
+            keys += (jax.tree_util.GetAttrKey(nested[None][0]),)
             current = nested[None][1]
         else:
             group = next(k for k in nested if str(k) == selectors[i])

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from updax import _tree
 from updax._combinators import combinator
-from updax._domains import NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField, Pipeline, fail
+from updax._domains import (NON_NEGATIVE, UNIT, Count, FloatDtype, Integer, NonNegativeField, Pipeline, Valid,
+                            fail)
 from updax._leafwise import per_leaf
 from updax._primitives import stateful
 from updax._typing import DType, PyTree, ScalarOrSchedule
@@ -50,12 +51,27 @@ class ScaleByGaloreBaseState(NamedTuple):
     count: Count
 
 
-#: Adam's options, built in: with a base_optimizer they are its to set.
+#: Adam's options, built in: with a base_optimizer they are its to set, and stored as None (so that they neither
+#: print nor are held in the state, where setting one would change nothing).
 _ADAM_DEFAULTS = dict(b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None)
 
+
+def _adams_unit(call, name, value):
+    """A built-in Adam's decay: in [0, 1), or None where a base_optimizer takes Adam's place."""
+    return None if value is None else UNIT.check(call, name, value, schedulable=True)
+
+
+def _adams_non_negative(call, name, value):
+    """A built-in Adam's eps: >= 0, or None where a base_optimizer takes Adam's place."""
+    return None if value is None else NON_NEGATIVE.check(call, name, value, schedulable=True)
+
+
+_ADAMS_UNIT = Valid(rule=_adams_unit, text=UNIT.text, values=UNIT)
+_ADAMS_NON_NEGATIVE = Valid(rule=_adams_non_negative, text=NON_NEGATIVE.text, values=NON_NEGATIVE)
+
 #: What the options of scale_by_galore hold.
-_GALORE_DOMAINS = dict(rank=Integer(1), update_proj_gap=Integer(1), scale=NON_NEGATIVE, b1=UNIT, b2=UNIT,
-                       eps=NON_NEGATIVE, eps_root=NON_NEGATIVE, mu_dtype=FloatDtype(),
+_GALORE_DOMAINS = dict(rank=Integer(1), update_proj_gap=Integer(1), scale=NON_NEGATIVE, b1=_ADAMS_UNIT,
+                       b2=_ADAMS_UNIT, eps=_ADAMS_NON_NEGATIVE, eps_root=_ADAMS_NON_NEGATIVE, mu_dtype=FloatDtype(),
                        weight_dimension_numbers=DIMENSION_NUMBERS,
                        base_optimizer=Pipeline(optional=True, without_params=True,
                                                why=": it runs on the projected gradients, which no params match; "
@@ -301,7 +317,8 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
     is the field ``base_optimizer`` (read it by path: ``"scale_by_galore/scale_by_lion.mu"``). It must not
     need params (``add_decayed_weights``, a trust ratio): decay the weights after this stage, as
     :func:`updax.optimizers.galore`'s ``decay`` does. Adam's options are then the base's to set: giving
-    ``b1``, ``b2``, ``eps``, ``eps_root`` or ``mu_dtype`` too is refused by name.
+    ``b1``, ``b2``, ``eps``, ``eps_root`` or ``mu_dtype`` too is refused by name, and they are kept as None (the
+    object prints without them, and :func:`updax.hyperparams_in_state` holds none of them).
 
     Args:
         rank: the rank $r$ of the projection, an integer >= 1; a matrix
@@ -361,12 +378,15 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: ScalarOr
     options = dict(rank=rank, update_proj_gap=update_proj_gap, scale=scale, b1=b1, b2=b2, eps=eps,
                    eps_root=eps_root, mu_dtype=mu_dtype, weight_dimension_numbers=weight_dimension_numbers,
                    base_optimizer=base_optimizer)
-    if base_optimizer is not None:
-        for name, default in _ADAM_DEFAULTS.items():
-            value = options[name]
+    for name, default in _ADAM_DEFAULTS.items():
+        value = options[name]
+        if base_optimizer is None and value is None and default is not None:
+            fail("scale_by_galore", name, value, _GALORE_DOMAINS[name].text, TypeError)
+        if base_optimizer is not None:
             if value is not default and not (isinstance(value, (int, float)) and value == default):
                 fail("scale_by_galore", name, value, "is the built-in Adam's: with base_optimizer, set it on the "
                      "base", ValueError)
+            options[name] = None
     # The rank shapes the state and the refresh period is a step of the program: structure, not data.
     return stateful(_init_scale_by_galore, _apply_scale_by_galore, name="scale_by_galore", options=options,
                     domains=_GALORE_DOMAINS, static=("rank", "update_proj_gap", "weight_dimension_numbers"),
