@@ -155,6 +155,8 @@ def test_a_base_optimizer_gets_the_extra_arguments_and_the_built_in_adam_is_the_
     (dict(base_optimizer=ux.scale_by_lion(), mu_dtype=jnp.bfloat16), ValueError, "mu_dtype is the built-in Adam's"),
     (dict(base_optimizer=ux.scale_by_adam().add_decayed_weights(0.1)), ValueError,
      "base_optimizer must not need params (add_decayed_weights does): it runs on the projected gradients"),
+    (dict(base_optimizer=ux.add_decayed_weights(0.1).apply_if_finite()), ValueError,  # (a wrapper's pipeline)
+     "base_optimizer must not need params (apply_if_finite does)"),
     (dict(base_optimizer=optax.scale_by_lion()), TypeError, "base_optimizer must be an update object or None"),
 ])
 def test_a_bad_base_optimizer_is_refused_by_name(options, exc, message):

@@ -432,7 +432,7 @@ class Pipeline(Domain):
         if not (_is_update(value) or (self.optional and value is None)):
             fail(call, name, value, self.text, TypeError)
         if self.without_params and value is not None:
-            needing = [stage.label for stage in value.stages if stage.needs_params]
+            needing = [stage.label for stage in value.stages if stage.reads_params()]
             if needing:
                 fail(call, name, value, f"must not need params ({', '.join(needing)} does){self.why}", ValueError)
         return value

@@ -400,6 +400,11 @@ class Stage:
         value = dict(self.options)[key]
         return value.tree if isinstance(value, Frozen) else value
 
+    def reads_params(self) -> bool:
+        """Whether this stage, or a stage of a pipeline it runs inside it, needs ``params`` in ``update``."""
+        return self.needs_params or any(stage.reads_params() for _, pipeline in self.nested().values()
+                                        for stage in pipeline.stages)
+
     def nested(self) -> dict[Any, tuple[str, Any]]:
         """The pipelines this stage runs inside it, by key, each with the state field holding their states:
         ``{None: (wraps, pipeline)}`` for a wrapper, ``{label: (field, pipeline)}`` for the groups of an option

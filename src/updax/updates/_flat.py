@@ -148,7 +148,7 @@ def _apply_flat_state(updates, state, params, *, inner, max_join_size, max_share
     _check_elementwise(inner)  # (also here: a pipeline composed before flat_state() is checked only now)
     # The groups follow the params (the state was made for them), else the updates; a group's updates are
     # joined in their common dtype and split back into each leaf's own.
-    needing = [stage.label for stage in inner.stages if stage.needs_params]
+    needing = [stage.label for stage in inner.stages if stage.reads_params()]
     if params is None and needing and jax.tree.leaves(updates):
         raise ValueError(f"flat_state needs params ({needing[0]} reads them), but update() got none: call "
                          "update(updates, state, params)")

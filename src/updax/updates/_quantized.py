@@ -549,7 +549,7 @@ def _count_eligible(inner, abstract, plan, *, min_size):
 def _apply_quantized_state(updates, state, params, *, inner, bits, block_size, min_size, formats, rounding,
                            **extra):
     real_only("quantized_state", updates)  # the maps code real numbers
-    needing = [stage.label for stage in inner.stages if stage.needs_params]
+    needing = [stage.label for stage in inner.stages if stage.reads_params()]
     if params is None and needing and jax.tree.leaves(updates):
         raise ValueError(f"quantized_state needs params ({needing[0]} reads them), but update() got none: call "
                          "update(updates, state, params)")
