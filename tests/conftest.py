@@ -182,6 +182,14 @@ def start_float64(module: str, function: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+def finished(proc: subprocess.Popen, timeout: float = 900) -> str:
+    """The output of a subprocess :func:`start_float64` started, once it has ended; the test fails with the end of
+    its stderr unless it succeeded."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-4000:]
+    return out
+
+
 def finish(proc: subprocess.Popen) -> None:
     """Stops a subprocess :func:`start_float64` started, if it still runs."""
     if proc.poll() is None:

@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import updax as ux
-from conftest import finish, start_float64
+from conftest import finish, finished, start_float64
 from registry import nested_tree
 
 #: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
@@ -205,9 +205,7 @@ def test_every_state_field_keeps_its_dtype_and_shape_under_x64(x64_run):
     """schedule_free_adamw's warm-up (a float64 schedule under x64) widened weight_sum and max_lr from float32 to
     float64 on the first step; mechanize's s and m and the zoom search's errors (a while loop's carry: an error)
     widened the same way with a float64 schedule."""
-    out, err = x64_run.communicate(timeout=900)
-    assert x64_run.returncode == 0, err[-4000:]
-    assert "x64 state checks passed" in out
+    assert "x64 state checks passed" in finished(x64_run)
 
 
 # --------------------------------------------------------------------------

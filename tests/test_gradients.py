@@ -24,7 +24,7 @@ import pytest
 
 import updax as ux
 from compile_options import FAST_COMPILE
-from conftest import finish, start_float64
+from conftest import finish, finished, start_float64
 from registry import ENTRIES, NEEDS_PARAMS, nested_tree, updates_for
 
 #: Its module-scoped fixture starts a subprocess: with pytest-xdist, one worker runs the whole module, once.
@@ -270,6 +270,4 @@ def float64_checks():
 
 
 def test_float64(float64_run):
-    out, err = float64_run.communicate(timeout=600)
-    assert float64_run.returncode == 0, err[-4000:]
-    assert "float64 checks passed" in out
+    assert "float64 checks passed" in finished(float64_run, timeout=600)

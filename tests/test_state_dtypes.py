@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 import updax as ux
-from conftest import finish, start_float64
+from conftest import finish, finished, start_float64
 from registry import ENTRIES, SWEPT_OPTIMIZERS, half_squared_norm, nested_tree, updates_for
 
 STEPS = 3
@@ -84,9 +84,7 @@ def float64_run():
 
 @pytest.fixture(scope="module")
 def float64_report(float64_run):
-    out, err = float64_run.communicate(timeout=900)
-    assert float64_run.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return json.loads(finished(float64_run).strip().splitlines()[-1])
 
 
 pytestmark = pytest.mark.xdist_group("state_dtypes")
